@@ -1,0 +1,117 @@
+"""Job lifecycle: states, the transition table, typed reasons, and the one `transition()`.
+
+Pure module. `transition()` is the only function that changes a job's state; it returns the new
+state and the event to record, and raises IllegalTransition for anything not in the table.
+The store applies the pair atomically (state column + event row in one transaction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    PLACING = "PLACING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE_STATES = frozenset({JobState.PLACING, JobState.STARTING, JobState.RUNNING,
+                           JobState.RESTARTING, JobState.CANCELLING})
+
+
+class Reason(StrEnum):
+    """Why a transition happened. Failure reasons come first."""
+
+    NO_RESOURCES = "NO_RESOURCES"
+    PLACEMENT_TIMEOUT = "PLACEMENT_TIMEOUT"
+    SETUP_ERROR = "SETUP_ERROR"
+    WORKER_CRASH = "WORKER_CRASH"
+    HANG_DETECTED = "HANG_DETECTED"
+    MAX_FAILURES = "MAX_FAILURES"
+    CONTROLLER_LOST = "CONTROLLER_LOST"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    # non-failure reasons
+    SUBMITTED = "SUBMITTED"
+    PLACEMENT_FOUND = "PLACEMENT_FOUND"
+    WORKERS_READY = "WORKERS_READY"
+    FIRST_STEP = "FIRST_STEP"
+    COMPLETED = "COMPLETED"
+    RESTART_SCHEDULED = "RESTART_SCHEDULED"
+    USER_CANCELLED = "USER_CANCELLED"
+    WORKERS_STOPPED = "WORKERS_STOPPED"
+    REQUEUED = "REQUEUED"
+
+
+FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.PLACEMENT_TIMEOUT, Reason.SETUP_ERROR,
+                             Reason.WORKER_CRASH, Reason.HANG_DETECTED, Reason.MAX_FAILURES,
+                             Reason.CONTROLLER_LOST, Reason.INTERNAL_ERROR})
+
+S = JobState
+# from-state -> allowed to-states. Anything else is a bug in the caller.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    S.QUEUED: frozenset({S.PLACING, S.CANCELLED, S.FAILED}),
+    # PLACING -> QUEUED: the gang reservation timed out; the job waits again.
+    S.PLACING: frozenset({S.STARTING, S.QUEUED, S.CANCELLING, S.FAILED}),
+    S.STARTING: frozenset({S.RUNNING, S.RESTARTING, S.CANCELLING, S.FAILED, S.SUCCEEDED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.RESTARTING, S.CANCELLING, S.FAILED}),
+    # RESTARTING -> QUEUED: the next attempt needs a fresh placement.
+    S.RESTARTING: frozenset({S.QUEUED, S.PLACING, S.STARTING, S.CANCELLING, S.FAILED}),
+    S.CANCELLING: frozenset({S.CANCELLED, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, src: JobState, dst: JobState) -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[src])) or "none (terminal state)"
+        super().__init__(f"illegal job transition {src} -> {dst}; allowed from {src}: {allowed}")
+        self.src, self.dst = src, dst
+
+
+@dataclass(frozen=True)
+class TransitionEvent:
+    """The event a transition records: kind 'state', with from/to, reason and message."""
+
+    src: JobState
+    dst: JobState
+    reason: Reason
+    message: str
+    at: datetime
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    return dst in TRANSITIONS[src]
+
+
+def transition(src: JobState, dst: JobState, *, reason: Reason, message: str = "",
+               data: dict[str, Any] | None = None, now: datetime | None = None) -> TransitionEvent:
+    """Validates src -> dst and returns the event to record with it.
+
+    >>> transition(JobState.QUEUED, JobState.PLACING, reason=Reason.PLACEMENT_FOUND).dst
+    <JobState.PLACING: 'PLACING'>
+    """
+    src, dst = JobState(src), JobState(dst)
+    if not can_transition(src, dst):
+        raise IllegalTransition(src, dst)
+    if dst == JobState.FAILED and reason not in FAILURE_REASONS:
+        raise ValueError(f"a transition to FAILED needs a failure reason, got {reason}")
+    return TransitionEvent(src=src, dst=dst, reason=Reason(reason), message=message,
+                           at=now or datetime.now(UTC), data=dict(data or {}))

@@ -1,0 +1,494 @@
+"""JobSpec: the versioned, frozen description of one training job.
+
+Pure module (pydantic + stdlib only). Every consumer — the REST API, the CLI, the workers —
+goes through :func:`parse_spec`, which returns a :class:`JobSpec` or raises
+:class:`SpecValidationError` listing every problem with its dotted field path and a fix.
+
+World size is the product of the parallel degrees: ``tp * pp * dp_shard * dp_replicate``.
+Global batch is ``micro_batch_size * grad_accum_steps * dp_shard * dp_replicate`` sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+SPEC_VERSION = 1
+IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+class Device(StrEnum):
+    AUTO = "auto"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class PPSchedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+
+
+class TopologyLevel(StrEnum):
+    NVLINK_DOMAIN = "nvlink_domain"
+    NODE = "node"
+
+
+class ConstraintMode(StrEnum):
+    REQUIRED = "required"
+    PREFERRED = "preferred"
+
+
+class CommHook(StrEnum):
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWERSGD = "powersgd"
+
+
+class FaultKind(StrEnum):
+    HANG = "hang"
+    CRASH = "crash"
+    MISMATCH = "mismatch"
+    DESYNC = "desync"
+    SLOW = "slow"
+    P2P_STALL = "p2p_stall"
+    USER_HANG = "user_hang"
+
+
+class WatchdogAction(StrEnum):
+    OBSERVE = "observe"
+    RESTART = "restart"
+    FAIL = "fail"
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class Resources(_Frozen):
+    workers: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Number of worker processes (ranks). Defaults to the world size; if given "
+        "it must equal tp * pp * dp_shard * dp_replicate.",
+    )
+    gpus_per_worker: int = Field(
+        default=1, ge=0, le=1,
+        description="GPUs per worker when the device is cuda (one rank drives one GPU). "
+        "Ignored for cpu jobs.",
+    )
+    cpus_per_worker: float = Field(
+        default=1.0, gt=0, le=256, description="CPU cores reserved per worker in the Ray bundle."
+    )
+    device: Device = Field(
+        default=Device.AUTO,
+        description="auto: cuda when the cluster has free GPUs, else cpu. cuda uses NCCL, "
+        "cpu uses gloo.",
+    )
+
+
+class Parallelism(_Frozen):
+    tp: PositiveInt = Field(default=1, description="Tensor-parallel degree (fastest-varying).")
+    pp: PositiveInt = Field(default=1, description="Pipeline-parallel degree (slowest-varying).")
+    dp_shard: PositiveInt = Field(
+        default=1, description="Sharded data-parallel degree (FSDP / ZeRO group size)."
+    )
+    dp_replicate: PositiveInt = Field(
+        default=1, description="Replicated data-parallel degree (DDP, or the HSDP replica count)."
+    )
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        default=None,
+        description="Sharding of optimizer state / gradients / parameters across dp_shard. "
+        "None picks 3 when dp_shard > 1 and 0 otherwise. 1 uses ZeroRedundancyOptimizer; 2 is "
+        "fully_shard(reshard_after_forward=False); 3 is fully_shard.",
+    )
+    pp_schedule: PPSchedule = Field(
+        default=PPSchedule.ONE_F_ONE_B, description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."
+    )
+    pp_microbatches: PositiveInt = Field(
+        default=1, description="Microbatches per pipeline step; must divide micro_batch_size."
+    )
+    pp_virtual_stages: PositiveInt = Field(
+        default=1, description="Model chunks per pipeline rank (>1 only with interleaved_1f1b)."
+    )
+    sequence_parallel: bool = Field(
+        default=False, description="Shard norms and dropout along the sequence dimension in TP."
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="Recompute each transformer block's activations in backward."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp_shard * self.dp_replicate
+
+    @property
+    def dp(self) -> int:
+        return self.dp_shard * self.dp_replicate
+
+    def effective_zero_stage(self) -> int:
+        if self.zero_stage is not None:
+            return self.zero_stage
+        return 3 if self.dp_shard > 1 else 0
+
+
+class PlacementConstraints(_Frozen):
+    tp_within: TopologyLevel = Field(
+        default=TopologyLevel.NVLINK_DOMAIN,
+        description="Topology level each TP group must (or should) stay inside.",
+    )
+    mode: ConstraintMode = Field(
+        default=ConstraintMode.REQUIRED,
+        description="required: wait rather than violate tp_within. preferred: best effort.",
+    )
+    avoid_nodes: tuple[str, ...] = Field(
+        default=(), description="Node names or ids never to place this job on."
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0, le=86400,
+        description="How long the gang reservation may take before the job returns to QUEUED.",
+    )
+
+
+class GPTModel(_Frozen):
+    kind: Literal["gpt"] = Field(default="gpt", description="Built-in decoder-only transformer.")
+    n_layers: PositiveInt = Field(default=4, le=1024, description="Transformer blocks.")
+    n_heads: PositiveInt = Field(default=4, le=1024, description="Attention heads.")
+    d_model: PositiveInt = Field(default=128, le=65536, description="Hidden size.")
+    d_ff: int | None = Field(
+        default=None, ge=1, description="MLP inner size; defaults to 4 * d_model."
+    )
+    vocab_size: PositiveInt = Field(default=256, le=1_048_576, description="Vocabulary size.")
+    seq_len: PositiveInt = Field(default=64, le=1_048_576, description="Sequence length.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+class ImportModel(_Frozen):
+    kind: Literal["import"] = Field(description="A user model built by an import path.")
+    path: str = Field(
+        description="`pkg.module:build`; build(**kwargs) returns (module, tp_plan) or a module.",
+        pattern=IMPORT_PATH_RE.pattern,
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword args for build().")
+    vocab_size: PositiveInt = Field(default=256, description="Vocabulary size the model expects.")
+    seq_len: PositiveInt = Field(default=64, description="Sequence length the model expects.")
+
+
+class SyntheticData(_Frozen):
+    kind: Literal["synthetic"] = Field(default="synthetic", description="Random tokens.")
+
+
+class TextFileData(_Frozen):
+    kind: Literal["text_file"] = Field(description="A local text file read as bytes (vocab 256).")
+    path: str = Field(min_length=1, description="Path readable by every worker.")
+
+
+class DDPOptions(_Frozen):
+    bucket_cap_mb: float = Field(default=25.0, gt=0, le=4096, description="DDP bucket size (MiB).")
+    comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
+    powersgd_rank: PositiveInt = Field(default=1, le=64, description="PowerSGD matrix rank.")
+    powersgd_start_iter: int = Field(
+        default=2, ge=1, description="PowerSGD warm start: plain all-reduce before this iteration."
+    )
+
+
+class Training(_Frozen):
+    steps: PositiveInt = Field(default=100, le=100_000_000, description="Optimizer steps.")
+    micro_batch_size: PositiveInt = Field(default=8, description="Sequences per DP rank per micro-step.")
+    grad_accum_steps: PositiveInt = Field(default=1, description="Micro-steps per optimizer step.")
+    optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="Optimizer.")
+    lr: float = Field(default=3e-3, gt=0, le=10, description="Learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="Weight decay.")
+    grad_clip: float | None = Field(default=1.0, gt=0, description="Max grad norm; null disables.")
+    seed: int = Field(default=0, ge=0, description="Seed for model init and data.")
+    ddp: DDPOptions = Field(default_factory=DDPOptions, description="DDP options.")
+
+
+class Checkpointing(_Frozen):
+    enabled: bool = Field(default=True, description="Save distributed checkpoints.")
+    every_steps: PositiveInt = Field(default=50, description="Save every N steps.")
+    keep: PositiveInt = Field(default=2, le=1000, description="Checkpoints kept on disk.")
+    async_save: bool = Field(default=True, description="Async save where the backend allows.")
+
+
+class FaultTolerance(_Frozen):
+    max_failures: int = Field(default=3, ge=0, le=1000, description="Attempts restarted before FAILED.")
+    init_timeout_s: float = Field(
+        default=600.0, gt=0, le=86400,
+        description="Collective timeout for process-group init and the first step.",
+    )
+    collective_timeout_s: float = Field(
+        default=300.0, gt=0, le=86400, description="Collective timeout after the first step."
+    )
+
+
+class Watchdog(_Frozen):
+    stall_timeout_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="Stall when no rank's step advances this long; null adapts to step time.",
+    )
+    first_step_timeout_s: float | None = Field(
+        default=None, gt=0, le=86400, description="Stall threshold before the first step."
+    )
+    action: WatchdogAction = Field(
+        default=WatchdogAction.OBSERVE, description="On a hang: observe, restart or fail."
+    )
+
+
+class Debug(_Frozen):
+    nccl_debug: Literal["NONE", "VERSION", "WARN", "INFO", "TRACE"] = Field(
+        default="WARN", description="NCCL_DEBUG level."
+    )
+    nccl_debug_subsys: str = Field(
+        default="INIT,COLL,P2P,NET", pattern=r"^\^?[A-Z_]+(,[A-Z_]+)*$",
+        description="NCCL_DEBUG_SUBSYS list.",
+    )
+    flight_recorder_entries: int = Field(
+        default=2000, ge=0, le=1_000_000, description="Flight Recorder ring size (0 disables)."
+    )
+
+
+class InjectFault(_Frozen):
+    kind: FaultKind = Field(description="Fault to inject (test and demo use only).")
+    rank: int = Field(ge=0, description="Global rank that misbehaves.")
+    step: int = Field(default=1, ge=0, description="Step at which the fault fires.")
+    seconds: float = Field(default=1.0, ge=0, le=3600, description="Sleep per step for `slow`.")
+    attempt: int | None = Field(
+        default=1, ge=1, description="Only inject in this attempt number (null: every attempt)."
+    )
+
+
+class JobSpec(_Frozen):
+    version: Literal[1] = Field(default=SPEC_VERSION, description="JobSpec schema version.")
+    name: str = Field(min_length=1, max_length=200, description="Human-readable job name.")
+    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher is scheduled first.")
+    resources: Resources = Field(default_factory=Resources, description="Per-worker resources.")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel degrees.")
+    placement: PlacementConstraints = Field(
+        default_factory=PlacementConstraints, description="Topology constraints."
+    )
+    model: GPTModel | ImportModel = Field(
+        default_factory=GPTModel, discriminator="kind", description="Model to train."
+    )
+    data: SyntheticData | TextFileData = Field(
+        default_factory=SyntheticData, discriminator="kind", description="Training data."
+    )
+    training: Training = Field(default_factory=Training, description="Optimization settings.")
+    checkpoint: Checkpointing = Field(default_factory=Checkpointing, description="Checkpoints.")
+    fault_tolerance: FaultTolerance = Field(
+        default_factory=FaultTolerance, description="Restarts and timeouts."
+    )
+    watchdog: Watchdog = Field(default_factory=Watchdog, description="Hang detection.")
+    debug: Debug = Field(default_factory=Debug, description="NCCL and Flight Recorder debugging.")
+    inject_fault: InjectFault | None = Field(
+        default=None, description="Fault injection; accepted only when the server allows it."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.parallelism.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        t = self.training
+        return t.micro_batch_size * t.grad_accum_steps * self.parallelism.dp
+
+    @model_validator(mode="after")
+    def _cross_field(self, info: ValidationInfo) -> JobSpec:
+        if info.context and info.context.get("defer_cross_checks"):
+            return self
+        issues = cross_checks(self)
+        if issues:
+            raise ValueError("; ".join(f"{i.loc}: {i.msg}" for i in issues))
+        return self
+
+
+@dataclass(frozen=True)
+class FieldIssue:
+    """One problem in a spec: dotted field path, a message with the fix, an error type."""
+
+    loc: str
+    msg: str
+    type: str = "value_error"
+
+
+class SpecValidationError(ValueError):
+    """A spec that cannot run, with every problem listed. Maps to HTTP 422."""
+
+    def __init__(self, issues: list[FieldIssue]) -> None:
+        self.issues = issues
+        super().__init__("; ".join(f"{i.loc}: {i.msg}" for i in issues))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _model_issues(spec: JobSpec) -> list[FieldIssue]:
+    p, m = spec.parallelism, spec.model
+    out: list[FieldIssue] = []
+    if not isinstance(m, GPTModel):
+        return out
+    if m.d_model % m.n_heads:
+        out.append(FieldIssue("model.d_model", f"d_model={m.d_model} is not divisible by "
+                              f"n_heads={m.n_heads}; pick n_heads in {_divisors(m.d_model)[:12]}"))
+    if m.n_heads % p.tp:
+        out.append(FieldIssue("parallelism.tp", f"tp={p.tp} does not divide model.n_heads="
+                              f"{m.n_heads}; choose tp in {_divisors(m.n_heads)}"))
+    if m.ffn_dim % p.tp:
+        out.append(FieldIssue("parallelism.tp", f"tp={p.tp} does not divide the MLP size "
+                              f"{m.ffn_dim}; choose tp in {_divisors(m.ffn_dim)[:12]}"))
+    stages = p.pp * p.pp_virtual_stages
+    if m.n_layers % stages:
+        out.append(FieldIssue("parallelism.pp", f"pp={p.pp} x pp_virtual_stages="
+                              f"{p.pp_virtual_stages} = {stages} stages does not divide "
+                              f"model.n_layers={m.n_layers}; use a stage count in "
+                              f"{_divisors(m.n_layers)}"))
+    if p.sequence_parallel and p.tp > 1 and m.seq_len % p.tp:
+        out.append(FieldIssue("parallelism.sequence_parallel", f"sequence parallel needs tp={p.tp}"
+                              f" to divide model.seq_len={m.seq_len}"))
+    return out
+
+
+def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
+    p, t, r = spec.parallelism, spec.training, spec.resources
+    out: list[FieldIssue] = []
+    if r.workers is not None and r.workers != p.world_size:
+        out.append(FieldIssue("resources.workers", f"workers={r.workers} but tp*pp*dp_shard*"
+                              f"dp_replicate = {p.world_size}; set workers to {p.world_size} "
+                              "or omit it"))
+    if t.micro_batch_size % p.pp_microbatches:
+        out.append(FieldIssue("parallelism.pp_microbatches", f"pp_microbatches={p.pp_microbatches}"
+                              f" does not divide training.micro_batch_size={t.micro_batch_size}; "
+                              f"choose one of {_divisors(t.micro_batch_size)}"))
+    if p.pp == 1 and (p.pp_microbatches > 1 or p.pp_virtual_stages > 1):
+        out.append(FieldIssue("parallelism.pp", "pp_microbatches / pp_virtual_stages need pp > 1;"
+                              " set pp or drop them"))
+    if p.pp_virtual_stages > 1 and p.pp_schedule != PPSchedule.INTERLEAVED_1F1B:
+        out.append(FieldIssue("parallelism.pp_virtual_stages", "virtual stages need pp_schedule="
+                              "interleaved_1f1b"))
+    if p.pp_schedule == PPSchedule.INTERLEAVED_1F1B and p.pp > 1 and p.pp_virtual_stages < 2:
+        out.append(FieldIssue("parallelism.pp_virtual_stages", "interleaved_1f1b needs "
+                              "pp_virtual_stages >= 2; set it or use pp_schedule=1f1b"))
+    if p.pp > 1 and p.pp_microbatches < p.pp and p.pp_schedule != PPSchedule.GPIPE:
+        out.append(FieldIssue("parallelism.pp_microbatches", f"{p.pp_schedule.value} with pp="
+                              f"{p.pp} needs pp_microbatches >= {p.pp}"))
+    stage = p.effective_zero_stage()
+    if stage in (2, 3) and p.dp_shard == 1:
+        out.append(FieldIssue("parallelism.zero_stage", f"zero_stage={stage} shards over dp_shard,"
+                              " which is 1; raise dp_shard or use zero_stage 0/1"))
+    if stage == 1 and p.dp < 2:
+        out.append(FieldIssue("parallelism.zero_stage", "zero_stage=1 needs data parallelism "
+                              "(dp_shard * dp_replicate >= 2)"))
+    if t.ddp.comm_hook != CommHook.NONE and (p.dp_shard > 1 or p.tp > 1 or p.pp > 1):
+        out.append(FieldIssue("training.ddp.comm_hook", "DDP comm hooks apply to pure DDP "
+                              "(dp_replicate only); set comm_hook: none for FSDP/TP/PP"))
+    return out
+
+
+def _other_issues(spec: JobSpec) -> list[FieldIssue]:
+    out: list[FieldIssue] = []
+    f = spec.inject_fault
+    if f is not None and f.rank >= spec.world_size:
+        out.append(FieldIssue("inject_fault.rank", f"rank {f.rank} does not exist; the world "
+                              f"size is {spec.world_size} (ranks 0..{spec.world_size - 1})"))
+    if f is not None and f.kind == FaultKind.P2P_STALL and spec.parallelism.pp < 2:
+        out.append(FieldIssue("inject_fault.kind", "p2p_stall needs pipeline parallelism (pp>=2)"))
+    ft = spec.fault_tolerance
+    if ft.init_timeout_s < ft.collective_timeout_s:
+        out.append(FieldIssue("fault_tolerance.init_timeout_s", "init_timeout_s must be >= "
+                              "collective_timeout_s (the first step includes setup)"))
+    if spec.resources.device == Device.CUDA and spec.resources.gpus_per_worker != 1:
+        out.append(FieldIssue("resources.gpus_per_worker", "cuda jobs use one GPU per worker; "
+                              "set gpus_per_worker: 1"))
+    return out
+
+
+def cross_checks(spec: JobSpec) -> list[FieldIssue]:
+    """Checks that span fields. Returns every issue (empty when the spec can run)."""
+    return _model_issues(spec) + _parallel_issues(spec) + _other_issues(spec)
+
+
+def check_fits_cluster(spec: JobSpec, *, max_gpus_per_node: int) -> list[FieldIssue]:
+    """Checks against the cluster's shape (not its load). Empty list when it can ever fit."""
+    p = spec.parallelism
+    if spec.resources.device == Device.CPU or max_gpus_per_node <= 0:
+        return []
+    if p.tp > max_gpus_per_node and spec.placement.mode == ConstraintMode.REQUIRED:
+        return [FieldIssue("parallelism.tp", f"a TP group of {p.tp} GPUs must stay inside one "
+                           f"{spec.placement.tp_within.value}, but the largest node has "
+                           f"{max_gpus_per_node} GPUs; use tp <= {max_gpus_per_node} or "
+                           "placement.mode: preferred")]
+    return []
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    # pydantic adds the union tag ("gpt", "import") into the path; users never type it.
+    keep = [str(p) for p in parts if p not in ("gpt", "import", "synthetic", "text_file")]
+    return ".".join(keep) or "<root>"
+
+
+def _from_pydantic(err: ValidationError) -> list[FieldIssue]:
+    out = []
+    for e in err.errors(include_url=False):
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown field {e['loc'][-1]!r}; remove it (check the spelling against " \
+                  "`meshyard spec schema`)"
+        elif e["type"] == "missing":
+            msg = "field required"
+        out.append(FieldIssue(_loc(tuple(e["loc"])), msg, e["type"]))
+    return out
+
+
+def load_document(text: str, *, content_type: str = "application/json") -> Any:
+    """Parses JSON or YAML text into Python data, raising SpecValidationError on syntax errors."""
+    try:
+        if "yaml" in content_type or "yml" in content_type:
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        kind = "YAML" if "yaml" in content_type else "JSON"
+        raise SpecValidationError([FieldIssue("<root>", f"invalid {kind}: {exc}", "parse_error")])
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validates raw data into a JobSpec, or raises SpecValidationError with every problem.
+
+    >>> parse_spec({"name": "x", "parallelism": {"tp": 3}}).world_size
+    Traceback (most recent call last):
+    ...
+    orchestrator.spec.SpecValidationError: parallelism.tp: tp=3 does not divide model.n_heads=4; ...
+    """
+    if not isinstance(data, dict):
+        raise SpecValidationError([FieldIssue("<root>", "a job spec must be a mapping of fields "
+                                              f"(got {type(data).__name__})", "type_error")])
+    try:
+        spec = JobSpec.model_validate(data, context={"defer_cross_checks": True})
+    except ValidationError as exc:
+        raise SpecValidationError(_from_pydantic(exc)) from None
+    issues = cross_checks(spec)
+    if issues:
+        raise SpecValidationError(issues)
+    return spec
+
+
+def parse_spec_text(text: str, *, content_type: str = "application/yaml") -> JobSpec:
+    return parse_spec(load_document(text, content_type=content_type))
+
+
+def json_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()
