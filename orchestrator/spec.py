@@ -112,7 +112,8 @@ class Parallelism(_Frozen):
         "fully_shard(reshard_after_forward=False); 3 is fully_shard.",
     )
     pp_schedule: PPSchedule = Field(
-        default=PPSchedule.ONE_F_ONE_B, description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."
+        default=PPSchedule.ONE_F_ONE_B,
+        description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b.",
     )
     pp_microbatches: PositiveInt = Field(
         default=1, description="Microbatches per pipeline step; must divide micro_batch_size."
@@ -207,7 +208,9 @@ class DDPOptions(_Frozen):
 
 class Training(_Frozen):
     steps: PositiveInt = Field(default=100, le=100_000_000, description="Optimizer steps.")
-    micro_batch_size: PositiveInt = Field(default=8, description="Sequences per DP rank per micro-step.")
+    micro_batch_size: PositiveInt = Field(
+        default=8, description="Sequences per DP rank per micro-step."
+    )
     grad_accum_steps: PositiveInt = Field(default=1, description="Micro-steps per optimizer step.")
     optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="Optimizer.")
     lr: float = Field(default=3e-3, gt=0, le=10, description="Learning rate.")
@@ -225,7 +228,9 @@ class Checkpointing(_Frozen):
 
 
 class FaultTolerance(_Frozen):
-    max_failures: int = Field(default=3, ge=0, le=1000, description="Attempts restarted before FAILED.")
+    max_failures: int = Field(
+        default=3, ge=0, le=1000, description="Failed attempts restarted before FAILED."
+    )
     init_timeout_s: float = Field(
         default=600.0, gt=0, le=86400,
         description="Collective timeout for process-group init and the first step.",
@@ -462,7 +467,8 @@ def load_document(text: str, *, content_type: str = "application/json") -> Any:
         return json.loads(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         kind = "YAML" if "yaml" in content_type else "JSON"
-        raise SpecValidationError([FieldIssue("<root>", f"invalid {kind}: {exc}", "parse_error")])
+        issue = FieldIssue("<root>", f"invalid {kind}: {exc}", "parse_error")
+        raise SpecValidationError([issue]) from None
 
 
 def parse_spec(data: Any) -> JobSpec:

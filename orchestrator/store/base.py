@@ -1,0 +1,48 @@
+"""Shared session plumbing and row → record conversion for the store mixins."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.lifecycle import JobState
+from orchestrator.store import models as m
+from orchestrator.store import records as r
+
+
+class StoreBase:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        """One transaction: commit on success, roll back on error."""
+        with self._sessions.begin() as session:
+            yield session
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+
+def job_record(j: m.Job) -> r.JobRecord:
+    return r.JobRecord(
+        id=j.id, seq=j.seq, name=j.name, owner=j.owner, state=JobState(j.state),
+        priority=j.priority, spec=j.spec, submission_id=j.submission_id, world_size=j.world_size,
+        total_steps=j.total_steps, created_at=j.created_at, updated_at=j.updated_at,
+        current_attempt=j.current_attempt, last_step=j.last_step, last_loss=j.last_loss,
+        pending_reason=j.pending_reason, failure_reason=j.failure_reason, message=j.message,
+    )
+
+
+def event_record(e: m.Event) -> r.EventRecord:
+    return r.EventRecord(id=e.id, job_id=e.job_id, at=e.at, kind=e.kind, src=e.src, dst=e.dst,
+                         reason=e.reason, message=e.message, data=e.data or {})
+
+
+def user_record(u: m.User) -> r.UserRecord:
+    return r.UserRecord(id=u.id, name=u.name, is_admin=u.is_admin, created_at=u.created_at)

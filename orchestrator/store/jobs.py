@@ -1,0 +1,220 @@
+"""Jobs and their events: submission (idempotent), listing (stable cursors), transitions."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestrator.lifecycle import (
+    ACTIVE_STATES,
+    JobState,
+    Reason,
+    transition,
+)
+from orchestrator.spec import JobSpec
+from orchestrator.store import models as m
+from orchestrator.store.base import StoreBase, event_record, job_record
+from orchestrator.store.records import EventRecord, JobRecord, UserRecord
+
+MAX_PAGE = 500
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r} not found")
+        self.job_id = job_id
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"s": seq}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        pad = "=" * (-len(cursor) % 4)
+        seq = json.loads(base64.urlsafe_b64decode(cursor + pad))["s"]
+        if not isinstance(seq, int):
+            raise TypeError
+        return seq
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadCursor("invalid cursor; pass the next_cursor value of a previous page") from exc
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(6)
+
+
+def _visible(stmt: Any, viewer: UserRecord | None) -> Any:
+    if viewer is not None and not viewer.is_admin:
+        stmt = stmt.where(m.Job.owner == viewer.name)
+    return stmt
+
+
+class JobOps(StoreBase):
+    def submit_job(self, spec: JobSpec, *, owner: str,
+                   submission_id: str | None = None) -> tuple[JobRecord, bool]:
+        """Stores a QUEUED job with its SUBMITTED event. A repeated (owner, submission_id)
+        returns the existing job and False, also when two retries race."""
+        if submission_id:
+            existing = self._by_submission(owner, submission_id)
+            if existing is not None:
+                return existing, False
+        now = datetime.now(UTC)
+        try:
+            with self._tx() as s:
+                job = m.Job(
+                    id=new_job_id(), name=spec.name, owner=owner, state=JobState.QUEUED.value,
+                    priority=spec.priority, spec=spec.model_dump(mode="json"),
+                    submission_id=submission_id, world_size=spec.world_size,
+                    total_steps=spec.training.steps, created_at=now, updated_at=now, message="",
+                )
+                s.add(job)
+                s.flush()
+                s.add(m.Event(job_id=job.id, at=now, kind="state", src=None,
+                              dst=JobState.QUEUED.value, reason=Reason.SUBMITTED.value,
+                              message=f"submitted by {owner}", data={}))
+                s.flush()
+                return job_record(job), True
+        except IntegrityError:
+            if submission_id:
+                existing = self._by_submission(owner, submission_id)
+                if existing is not None:
+                    return existing, False
+            raise
+
+    def _by_submission(self, owner: str, submission_id: str) -> JobRecord | None:
+        with self._tx() as s:
+            job = s.scalar(select(m.Job).where(m.Job.owner == owner,
+                                               m.Job.submission_id == submission_id))
+            return job_record(job) if job else None
+
+    def get_job(self, job_id: str, *, viewer: UserRecord | None = None) -> JobRecord | None:
+        with self._tx() as s:
+            job = s.scalar(_visible(select(m.Job).where(m.Job.id == job_id), viewer))
+            return job_record(job) if job else None
+
+    def list_jobs(self, *, viewer: UserRecord | None, state: list[str] | None = None,
+                  owner: str | None = None, name: str | None = None, limit: int = 50,
+                  cursor: str | None = None) -> tuple[list[JobRecord], str | None]:
+        """Newest first. The cursor is the last seen seq, so jobs submitted while a client
+        pages never shift later pages."""
+        limit = max(1, min(limit, MAX_PAGE))
+        stmt = _visible(select(m.Job), viewer)
+        if state:
+            stmt = stmt.where(m.Job.state.in_([JobState(s).value for s in state]))
+        if owner:
+            stmt = stmt.where(m.Job.owner == owner)
+        if name:
+            stmt = stmt.where(m.Job.name.contains(name, autoescape=True))
+        if cursor:
+            stmt = stmt.where(m.Job.seq < decode_cursor(cursor))
+        stmt = stmt.order_by(m.Job.seq.desc()).limit(limit + 1)
+        with self._tx() as s:
+            rows = list(s.scalars(stmt))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return [job_record(j) for j in rows], (encode_cursor(rows[-1].seq) if more else None)
+
+    def _locked_job(self, s: Session, job_id: str) -> m.Job:
+        stmt = select(m.Job).where(m.Job.id == job_id)
+        if self.is_postgres:
+            stmt = stmt.with_for_update()
+        job = s.scalar(stmt)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def _apply(self, s: Session, job: m.Job, dst: JobState, *, reason: Reason, message: str,
+               data: dict[str, Any] | None) -> None:
+        ev = transition(JobState(job.state), dst, reason=reason, message=message, data=data)
+        job.state = ev.dst.value
+        job.updated_at = ev.at
+        job.message = message
+        if dst == JobState.FAILED:
+            job.failure_reason = reason.value
+        if dst != JobState.QUEUED:
+            job.pending_reason = None
+        s.add(m.Event(job_id=job.id, at=ev.at, kind="state", src=ev.src.value, dst=ev.dst.value,
+                      reason=ev.reason.value, message=message, data=ev.data))
+
+    def transition(self, job_id: str, dst: JobState, *, reason: Reason, message: str = "",
+                   data: dict[str, Any] | None = None) -> JobRecord:
+        """The only writer of job state: the state and its event commit together.
+        Raises IllegalTransition (nothing written) for a move the lifecycle forbids."""
+        with self._tx() as s:
+            job = self._locked_job(s, job_id)
+            self._apply(s, job, JobState(dst), reason=Reason(reason), message=message, data=data)
+            s.flush()
+            return job_record(job)
+
+    def request_cancel(self, job_id: str, *, viewer: UserRecord | None) -> JobRecord:
+        """QUEUED → CANCELLED at once; an active job → CANCELLING (the runtime finishes it);
+        CANCELLING or terminal: unchanged, so repeating a cancel is harmless."""
+        if self.get_job(job_id, viewer=viewer) is None:
+            raise JobNotFound(job_id)
+        who = viewer.name if viewer else "system"
+        with self._tx() as s:
+            job = self._locked_job(s, job_id)
+            state = JobState(job.state)
+            if state == JobState.QUEUED:
+                self._apply(s, job, JobState.CANCELLED, reason=Reason.USER_CANCELLED,
+                            message=f"cancelled by {who} while queued", data=None)
+            elif state in ACTIVE_STATES and state != JobState.CANCELLING:
+                self._apply(s, job, JobState.CANCELLING, reason=Reason.USER_CANCELLED,
+                            message=f"cancel requested by {who}", data=None)
+            s.flush()
+            return job_record(job)
+
+    def add_event(self, job_id: str, *, kind: str, message: str, reason: str | None = None,
+                  data: dict[str, Any] | None = None) -> EventRecord:
+        if kind not in ("info", "warning", "error"):
+            raise ValueError(f"event kind {kind!r} must be info, warning or error "
+                             "(state events come from transition())")
+        with self._tx() as s:
+            self._locked_job(s, job_id)
+            ev = m.Event(job_id=job_id, at=datetime.now(UTC), kind=kind, src=None, dst=None,
+                         reason=reason, message=message, data=data or {})
+            s.add(ev)
+            s.flush()
+            return event_record(ev)
+
+    def list_events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRecord]:
+        stmt = (select(m.Event).where(m.Event.job_id == job_id, m.Event.id > after)
+                .order_by(m.Event.id).limit(max(1, min(limit, 10_000))))
+        with self._tx() as s:
+            return [event_record(e) for e in s.scalars(stmt)]
+
+    def set_pending_reason(self, job_id: str, reason: dict[str, Any] | None) -> None:
+        with self._tx() as s:
+            job = self._locked_job(s, job_id)
+            job.pending_reason = reason
+
+    def queued_jobs(self) -> list[JobRecord]:
+        stmt = (select(m.Job).where(m.Job.state == JobState.QUEUED.value)
+                .order_by(m.Job.priority.desc(), m.Job.seq))
+        with self._tx() as s:
+            return [job_record(j) for j in s.scalars(stmt)]
+
+    def active_jobs(self) -> list[JobRecord]:
+        stmt = (select(m.Job).where(m.Job.state.in_([x.value for x in ACTIVE_STATES]))
+                .order_by(m.Job.seq))
+        with self._tx() as s:
+            return [job_record(j) for j in s.scalars(stmt)]
+
+    def job_counts_by_state(self) -> dict[str, int]:
+        with self._tx() as s:
+            rows = s.execute(select(m.Job.state, func.count()).group_by(m.Job.state)).all()
+        counts = {st.value: 0 for st in JobState}
+        counts.update({state: n for state, n in rows})
+        return counts

@@ -1,0 +1,213 @@
+"""SQLAlchemy 2.0 typed models. Every change here needs an Alembic migration in migrations/.
+
+Timestamps are timezone-aware UTC. JSON columns hold specs, placements, topology and reports.
+Metrics are one row per (job, attempt, rank, step): indexed by (job_id, step) so a job's series
+reads fast, and never joined by the job list (jobs carry last_step / last_loss).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; BigInteger elsewhere.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on every backend (SQLite drops tzinfo; we put it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime stored; use datetime.now(UTC)")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime()}
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]]
+    submission_id: Mapped[str | None] = mapped_column(String(200))
+    world_size: Mapped[int] = mapped_column(Integer)
+    total_steps: Mapped[int] = mapped_column(Integer)
+    current_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    last_loss: Mapped[float | None] = mapped_column(Float)
+    pending_reason: Mapped[dict[str, Any] | None]
+    failure_reason: Mapped[str | None] = mapped_column(String(40))
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table_args__ = (
+        UniqueConstraint("owner", "submission_id", name="uq_jobs_owner_submission"),
+        Index("ix_jobs_state_priority", "state", "priority", "seq"),
+        Index("ix_jobs_owner_seq", "owner", "seq"),
+    )
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))
+    src: Mapped[str | None] = mapped_column(String(16))
+    dst: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(40))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]]
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    failure_reason: Mapped[str | None] = mapped_column(String(40))
+    message: Mapped[str] = mapped_column(Text, default="")
+    placement: Mapped[dict[str, Any] | None]
+    cursor: Mapped[int] = mapped_column(BigInteger, default=0)
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),)
+
+
+class Rank(Base):
+    __tablename__ = "ranks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str | None] = mapped_column(String(200))
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    gpu: Mapped[int | None] = mapped_column(Integer)
+    coords: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int | None] = mapped_column(Integer)
+    phase: Mapped[str | None] = mapped_column(String(32))
+    last_heartbeat: Mapped[datetime | None]
+    pid: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "rank", name="uq_ranks_job_attempt_rank"),
+    )
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    __table_args__ = (Index("ix_metrics_job_step", "job_id", "step"),)
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    stream: Mapped[str] = mapped_column(String(8))
+    line: Mapped[str] = mapped_column(Text)
+    __table_args__ = (Index("ix_log_lines_job_rank_id", "job_id", "rank", "id"),)
+
+
+class Diagnosis(Base):
+    __tablename__ = "diagnoses"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    verdict: Mapped[str] = mapped_column(String(32))
+    culprit_ranks: Mapped[dict[str, Any]]  # {"ranks": [...]} keeps the JSON column portable
+    summary: Mapped[str] = mapped_column(Text)
+    report: Mapped[dict[str, Any]]
+
+
+class ClusterNodeRow(Base):
+    __tablename__ = "cluster_nodes"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    node_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    alive: Mapped[bool] = mapped_column(Boolean, default=True)
+    labels: Mapped[dict[str, Any]]
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    topology: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,128 @@
+"""Frozen records the store returns. Rows never leave orchestrator/store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from orchestrator.lifecycle import JobState
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    id: int
+    name: str
+    is_admin: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    seq: int
+    name: str
+    owner: str
+    state: JobState
+    priority: int
+    spec: dict[str, Any]
+    submission_id: str | None
+    world_size: int
+    total_steps: int
+    created_at: datetime
+    updated_at: datetime
+    current_attempt: int = 0
+    last_step: int | None = None
+    last_loss: float | None = None
+    pending_reason: dict[str, Any] | None = None
+    failure_reason: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    job_id: str
+    at: datetime
+    kind: str
+    src: str | None
+    dst: str | None
+    reason: str | None
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    job_id: str
+    number: int
+    state: str
+    created_at: datetime
+    ended_at: datetime | None
+    failure_reason: str | None
+    message: str
+    placement: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    job_id: str
+    attempt: int
+    rank: int
+    node: str | None
+    node_id: str | None
+    gpu: int | None
+    coords: dict[str, Any]
+    state: str
+    step: int | None
+    phase: str | None
+    last_heartbeat: datetime | None
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    job_id: str
+    attempt: int
+    rank: int
+    step: int
+    time: float
+    loss: float | None
+    grad_norm: float | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    id: int
+    job_id: str
+    attempt: int
+    rank: int | None
+    at: datetime
+    stream: str
+    line: str
+
+
+@dataclass(frozen=True)
+class DiagnosisRecord:
+    id: int
+    job_id: str
+    attempt: int
+    created_at: datetime
+    verdict: str
+    culprit_ranks: list[int]
+    summary: str
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    node_id: str | None
+    alive: bool
+    labels: dict[str, Any]
+    gpus: int
+    cpus: float
+    topology: dict[str, Any]
+    updated_at: datetime

@@ -1,0 +1,18 @@
+"""The store: one object the control plane and the API use for every read and write.
+
+>>> from orchestrator.store import open_store
+>>> store = open_store("sqlite:///.meshyard/meshyard.db")   # migrates, then connects
+"""
+
+from __future__ import annotations
+
+from orchestrator.store.jobs import JobOps
+from orchestrator.store.telemetry import TelemetryOps
+from orchestrator.store.users import UserOps
+
+
+class Store(UserOps, JobOps, TelemetryOps):
+    """Each method is one transaction. Returns frozen records, never rows."""
+
+    def close(self) -> None:
+        self.engine.dispose()
