@@ -48,14 +48,48 @@ def link_cost(link: str) -> float:
     return float(_PCIE_ORDER.get(link, 9))
 
 
+def parse_id_list(text: str | None) -> tuple[int, ...]:
+    """Expand a CPU / NUMA list as `nvidia-smi` and sysfs print it.
+
+    `parse_id_list('0,3-5,11') == (0, 3, 4, 5, 11)`; None, '', 'N/A' give ().
+    """
+    if not text or text.strip().upper() == "N/A":
+        return ()
+    out: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad id list {text!r}: expected e.g. '0-11,24-35'")
+        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Gpu:
     index: int
     name: str | None = None
-    numa_node: int | None = None
+    numa_node: int | None = None  # the (first) CPU NUMA node the GPU is attached to
     cpu_affinity: str | None = None  # as printed, e.g. "0-47,96-143"
     pci_bus_id: str | None = None
     memory_gb: float | None = None
+    numa_affinity: str | None = None  # as printed; a list on GB200, e.g. "0,3-9,11-17"
+    gpu_numa_id: int | None = None  # NUMA node of the GPU's own memory (GB200 C2C)
+    uuid: str | None = None
+    fabric_cluster_uuid: str | None = None  # NVML fabric info (multi-node NVLink domain)
+    fabric_clique_id: int | None = None
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return parse_id_list(self.cpu_affinity)
+
+    @property
+    def nvlink_domain(self) -> str | None:
+        """`<cluster uuid>.<clique id>`: GPUs sharing it share one NVLink fabric partition."""
+        if self.fabric_cluster_uuid is None or self.fabric_clique_id is None:
+            return None
+        return f"{self.fabric_cluster_uuid}.{self.fabric_clique_id}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,10 @@ class NodeTopology:
         norm = {(min(a, b), max(a, b)): t for (a, b), t in self.links.items() if a != b}
         object.__setattr__(self, "links", MappingProxyType(norm))
         object.__setattr__(self, "gpu_nic_links", MappingProxyType(dict(self.gpu_nic_links)))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # mappingproxy does not pickle; Ray ships these between processes.
+        return (NodeTopology, (self.gpus, dict(self.links), self.nics, dict(self.gpu_nic_links)))
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -146,6 +184,10 @@ class ClusterNode:
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
         object.__setattr__(self, "busy_gpus", frozenset(self.busy_gpus))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ClusterNode, (self.name, self.topology, dict(self.labels), self.node_id,
+                              self.busy_gpus))
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
