@@ -258,7 +258,7 @@ class Debug(_Frozen):
         default="WARN", description="NCCL_DEBUG level."
     )
     nccl_debug_subsys: str = Field(
-        default="INIT,COLL,P2P,NET", pattern=r"^\^?[A-Z_]+(,[A-Z_]+)*$",
+        default="INIT,COLL,P2P,NET", pattern=r"^\^?[A-Z0-9_]+(,[A-Z0-9_]+)*$",
         description="NCCL_DEBUG_SUBSYS list.",
     )
     flight_recorder_entries: int = Field(
@@ -301,6 +301,17 @@ class JobSpec(_Frozen):
     inject_fault: InjectFault | None = Field(
         default=None, description="Fault injection; accepted only when the server allows it."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: Any) -> Any:
+        # `model: {n_layers: 2}` means the built-in GPT; `kind` is only needed to choose another.
+        if isinstance(data, dict):
+            data = dict(data)
+            for key, default in (("model", "gpt"), ("data", "synthetic")):
+                if isinstance(data.get(key), dict) and "kind" not in data[key]:
+                    data[key] = {"kind": default, **data[key]}
+        return data
 
     @property
     def world_size(self) -> int:
