@@ -1,0 +1,143 @@
+"""`meshyard submit/list/status/events/cancel`: client commands over the REST API.
+
+Server and token: --url/--token, else MESHYARD_URL/MESHYARD_TOKEN, else the data dir
+(server.json written by `serve`, and admin.token).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from pydantic import BaseModel
+
+from api.cli.app import app
+from api.cli.common import DataDirOpt
+from api.client import MeshyardAPIError, MeshyardClient
+from api.schemas import Event, JobSummary
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Server URL [env MESHYARD_URL].")]
+TokenOpt = Annotated[str | None, typer.Option("--token", help="API token [env MESHYARD_TOKEN].")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _run(url: str | None, token: str | None, data_dir: Path | None,
+         action: Callable[[MeshyardClient], Any]) -> Any:
+    """Runs one client call; API errors and unreachable servers become a message + exit code."""
+    with MeshyardClient.connect(url=url, token=token, data_dir=data_dir) as client:
+        try:
+            return action(client)
+        except MeshyardAPIError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(1) from None
+        except httpx.TransportError as exc:
+            typer.echo(f"cannot reach the server at {client.base_url}: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+
+def _print_json(model: BaseModel | list[Any]) -> None:
+    if isinstance(model, list):
+        typer.echo(json.dumps([m.model_dump(mode="json") for m in model], indent=2))
+    else:
+        typer.echo(model.model_dump_json(indent=2))
+
+
+def _job_line(job: JobSummary) -> str:
+    step = "-" if job.last_step is None else f"{job.last_step}/{job.total_steps}"
+    return f"{job.id:<22} {job.state.value:<11} {step:>11}  {job.owner:<12} {job.name}"
+
+
+@app.command("submit")
+def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                                help="Job spec (.yaml, .yml or .json).")],
+           submission_id: Annotated[str | None, typer.Option(
+               help="Idempotency key: resubmitting with it returns the same job.")] = None,
+           url: UrlOpt = None, token: TokenOpt = None, data_dir: DataDirOpt = None,
+           as_json: JsonOpt = False) -> None:
+    """Submit a job spec; prints the job id."""
+    job = _run(url, token, data_dir, lambda c: c.submit(file, submission_id=submission_id))
+    if as_json:
+        _print_json(job)
+    else:
+        verb = "submitted" if job.created else "already submitted"
+        typer.echo(f"{job.id} {verb} ({job.name}, {job.world_size} ranks, {job.state.value})")
+
+
+@app.command("list")
+def list_jobs(state: Annotated[list[str] | None, typer.Option(help="Filter; repeatable.")]
+              = None,
+              owner: Annotated[str | None, typer.Option()] = None,
+              name: Annotated[str | None, typer.Option()] = None,
+              limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+              url: UrlOpt = None, token: TokenOpt = None, data_dir: DataDirOpt = None,
+              as_json: JsonOpt = False) -> None:
+    """List jobs, newest first."""
+    states = [s.upper() for s in state] if state else None
+    page = _run(url, token, data_dir, lambda c: c.list_jobs(state=states, owner=owner,
+                                                            name=name, limit=limit))
+    if as_json:
+        _print_json(page)
+        return
+    typer.echo(f"{'ID':<22} {'STATE':<11} {'STEP':>11}  {'OWNER':<12} NAME")
+    for job in page.items:
+        typer.echo(_job_line(job))
+    if page.next_cursor:
+        typer.echo(f"(more: raise --limit; next cursor {page.next_cursor})")
+
+
+@app.command("status")
+def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
+           data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one job."""
+    job = _run(url, token, data_dir, lambda c: c.get_job(job_id))
+    if as_json:
+        _print_json(job)
+        return
+    lines = [f"{job.id}  {job.name}", f"  state:    {job.state.value}",
+             f"  owner:    {job.owner}", f"  ranks:    {job.world_size}",
+             f"  attempt:  {job.current_attempt}",
+             f"  step:     {job.last_step if job.last_step is not None else '-'}"
+             f"/{job.total_steps}"]
+    if job.last_loss is not None:
+        lines.append(f"  loss:     {job.last_loss:.4f}")
+    if job.failure_reason:
+        lines.append(f"  failure:  {job.failure_reason}")
+    if job.pending_reason:
+        lines.append(f"  waiting:  {json.dumps(job.pending_reason)}")
+    if job.message:
+        lines.append(f"  message:  {job.message}")
+    typer.echo("\n".join(lines))
+
+
+def _event_line(event: Event) -> str:
+    change = f"{event.src} -> {event.dst}" if event.dst else event.kind
+    reason = f" [{event.reason}]" if event.reason else ""
+    return f"{event.at.isoformat(timespec='seconds')}  {change}{reason}  {event.message}"
+
+
+@app.command("events")
+def events(job_id: str, after: Annotated[int, typer.Option(min=0)] = 0,
+           url: UrlOpt = None, token: TokenOpt = None, data_dir: DataDirOpt = None,
+           as_json: JsonOpt = False) -> None:
+    """Show a job's events (state changes and notes)."""
+    found = _run(url, token, data_dir, lambda c: c.events(job_id, after=after))
+    if as_json:
+        _print_json(found)
+        return
+    for event in found:
+        typer.echo(_event_line(event))
+
+
+@app.command("cancel")
+def cancel(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
+           data_dir: DataDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Cancel a job (queued: at once; running: stops its workers)."""
+    job = _run(url, token, data_dir, lambda c: c.cancel(job_id))
+    if as_json:
+        _print_json(job)
+    else:
+        typer.echo(f"{job.id} {job.state.value}")

@@ -1,0 +1,215 @@
+"""A small typed client for the meshyard REST API (what the CLI uses; import it too).
+
+>>> from api.client import MeshyardClient                        # doctest: +SKIP
+>>> with MeshyardClient("http://127.0.0.1:8470", token) as c:
+...     job = c.submit("examples/quickstart.yaml", submission_id="run-1")
+...     c.get_job(job.id).state
+<JobState.QUEUED: 'QUEUED'>
+
+`connect()` finds the server and token the way the CLI does: explicit arguments, then
+MESHYARD_URL / MESHYARD_TOKEN, then the data dir (server.json and admin.token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from api.schemas import (
+    AttemptList,
+    Cluster,
+    DiagnosisList,
+    Event,
+    EventList,
+    Job,
+    JobPage,
+    JobSummary,
+    LogList,
+    MetricList,
+    RankList,
+    SubmitResult,
+    Topology,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+SERVER_FILE = "server.json"
+ADMIN_TOKEN_FILE = "admin.token"
+M = TypeVar("M", bound=BaseModel)
+
+
+class MeshyardAPIError(RuntimeError):
+    """A non-2xx answer; `problem` is the decoded application/problem+json body."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status, self.problem = status, problem
+        detail = problem.get("detail") or problem.get("title") or "error"
+        lines = [f"HTTP {status}: {detail}"]
+        lines += [f"  {e.get('loc')}: {e.get('msg')}" for e in problem.get("errors") or []]
+        super().__init__("\n".join(lines))
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.problem.get("errors") or [])
+
+
+@dataclass(frozen=True)
+class Connection:
+    url: str
+    token: str | None
+
+
+def resolve_connection(*, url: str | None = None, token: str | None = None,
+                       data_dir: Path | None = None,
+                       env: Mapping[str, str] | None = None) -> Connection:
+    """Flags win over the environment, which wins over the data dir."""
+    env = os.environ if env is None else env
+    data_dir = data_dir or Path(env.get("MESHYARD_DATA_DIR", ".meshyard"))
+    url = url or env.get("MESHYARD_URL") or _server_url(data_dir) or DEFAULT_URL
+    token = token or env.get("MESHYARD_TOKEN") or _read_text(data_dir / ADMIN_TOKEN_FILE)
+    return Connection(url=url.rstrip("/"), token=token)
+
+
+def _server_url(data_dir: Path) -> str | None:
+    text = _read_text(data_dir / SERVER_FILE)
+    if not text:
+        return None
+    try:
+        url = json.loads(text).get("url")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class MeshyardClient:
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
+                                  transport=transport)
+
+    @classmethod
+    def connect(cls, *, url: str | None = None, token: str | None = None,
+                data_dir: Path | None = None, timeout: float = 30.0) -> MeshyardClient:
+        conn = resolve_connection(url=url, token=token, data_dir=data_dir)
+        return cls(conn.url, conn.token, timeout=timeout)
+
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url)
+
+    def __enter__(self) -> MeshyardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise MeshyardAPIError(response.status_code, _problem(response))
+        return model.model_validate(response.json())
+
+    # jobs ---------------------------------------------------------------------------------
+    def submit(self, spec: Mapping[str, Any] | str | Path, *,
+               submission_id: str | None = None) -> SubmitResult:
+        """Submits a spec: a mapping, a path to a .yaml/.yml/.json file, or YAML text."""
+        headers = {"Idempotency-Key": submission_id} if submission_id else {}
+        if isinstance(spec, Mapping):
+            return self._request("POST", "/v1/jobs", SubmitResult, json=dict(spec),
+                                 headers=headers)
+        text = spec.read_text() if isinstance(spec, Path) else spec
+        is_json = isinstance(spec, Path) and spec.suffix == ".json"
+        headers["Content-Type"] = "application/json" if is_json else "application/yaml"
+        return self._request("POST", "/v1/jobs", SubmitResult, content=text.encode(),
+                             headers=headers)
+
+    def list_jobs(self, *, state: list[str] | None = None, owner: str | None = None,
+                  name: str | None = None, limit: int = 50,
+                  cursor: str | None = None) -> JobPage:
+        params: dict[str, Any] = {"limit": limit}
+        params.update({k: v for k, v in (("state", state), ("owner", owner), ("name", name),
+                                         ("cursor", cursor)) if v})
+        return self._request("GET", "/v1/jobs", JobPage, params=params)
+
+    def iter_jobs(self, **filters: Any) -> Iterator[JobSummary]:
+        """Every matching job, newest first, following the cursor."""
+        cursor: str | None = None
+        while True:
+            page = self.list_jobs(cursor=cursor, **filters)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get_job(self, job_id: str) -> Job:
+        return self._request("GET", f"/v1/jobs/{job_id}", Job)
+
+    def cancel(self, job_id: str) -> Job:
+        return self._request("POST", f"/v1/jobs/{job_id}/cancel", Job)
+
+    def events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        page = self._request("GET", f"/v1/jobs/{job_id}/events", EventList,
+                             params={"after": after, "limit": limit})
+        return list(page.items)
+
+    def attempts(self, job_id: str) -> AttemptList:
+        return self._request("GET", f"/v1/jobs/{job_id}/attempts", AttemptList)
+
+    def ranks(self, job_id: str, *, attempt: int | None = None) -> RankList:
+        params = {"attempt": attempt} if attempt is not None else {}
+        return self._request("GET", f"/v1/jobs/{job_id}/ranks", RankList, params=params)
+
+    def metrics(self, job_id: str, *, rank: int | None = None,
+                after_step: int | None = None, limit: int = 10_000) -> MetricList:
+        params = {k: v for k, v in (("rank", rank), ("after_step", after_step))
+                  if v is not None}
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics", MetricList,
+                             params={**params, "limit": limit})
+
+    def logs(self, job_id: str, *, rank: int | None = None, after: int = 0,
+             limit: int = 1000) -> LogList:
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if rank is not None:
+            params["rank"] = rank
+        return self._request("GET", f"/v1/jobs/{job_id}/logs", LogList, params=params)
+
+    def diagnoses(self, job_id: str) -> DiagnosisList:
+        return self._request("GET", f"/v1/jobs/{job_id}/diagnoses", DiagnosisList)
+
+    # cluster & ops ------------------------------------------------------------------------
+    def cluster(self) -> Cluster:
+        return self._request("GET", "/v1/cluster", Cluster)
+
+    def topology(self) -> Topology:
+        return self._request("GET", "/v1/cluster/topology", Topology)
+
+    def healthy(self) -> bool:
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {"status": response.status_code, "detail": response.text[:500]}
+    return body if isinstance(body, dict) else {"detail": str(body)}

@@ -1,0 +1,203 @@
+"""Public response models. Routes build these from store records; rows never leave the API.
+
+The client (api/client.py) parses responses into the same models, so the wire format has one
+definition.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.lifecycle import JobState
+
+
+class _Out(BaseModel):
+    # from_attributes: records are frozen dataclasses; extra="ignore" lets an older client read
+    # a newer server's answers.
+    model_config = ConfigDict(from_attributes=True, frozen=True, extra="ignore")
+
+
+class JobSummary(_Out):
+    id: str = Field(description="Job id, `job-...`.")
+    name: str = Field(description="Job name from the spec, stored verbatim.")
+    owner: str = Field(description="User who submitted the job.")
+    state: JobState = Field(description="Lifecycle state.")
+    priority: int = Field(description="Higher is scheduled first.")
+    submission_id: str | None = Field(description="Client-chosen idempotency key.")
+    world_size: int = Field(description="Number of ranks.")
+    total_steps: int = Field(description="Optimizer steps the job will run.")
+    current_attempt: int = Field(description="Attempt number; 0 before the first attempt.")
+    last_step: int | None = Field(description="Last step any rank reported.")
+    last_loss: float | None = Field(description="Loss at the last reported step.")
+    pending_reason: dict[str, Any] | None = Field(description="Why a queued job waits.")
+    failure_reason: str | None = Field(description="Typed failure reason when FAILED.")
+    message: str = Field(description="Latest human-readable status message.")
+    created_at: datetime
+    updated_at: datetime
+
+
+class Job(JobSummary):
+    spec: dict[str, Any] = Field(description="The validated JobSpec, defaults filled in.")
+
+
+class SubmitResult(Job):
+    created: bool = Field(description="False when an earlier submission with the same "
+                          "submission_id already created this job.")
+
+
+class JobPage(_Out):
+    items: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at "
+                                    "the end.")
+
+
+class Event(_Out):
+    id: int = Field(description="Monotonic; pass the last seen id as `after` to poll.")
+    job_id: str
+    at: datetime
+    kind: str = Field(description="state | info | warning | error")
+    src: str | None = Field(description="Previous state (state events).")
+    dst: str | None = Field(description="New state (state events).")
+    reason: str | None
+    message: str
+    data: dict[str, Any]
+
+
+class EventList(_Out):
+    items: list[Event]
+
+
+class Attempt(_Out):
+    job_id: str
+    number: int
+    state: str
+    created_at: datetime
+    ended_at: datetime | None
+    failure_reason: str | None
+    message: str
+    placement: dict[str, Any] | None
+
+
+class AttemptList(_Out):
+    items: list[Attempt]
+
+
+class Rank(_Out):
+    job_id: str
+    attempt: int
+    rank: int
+    node: str | None
+    node_id: str | None
+    gpu: int | None
+    coords: dict[str, Any] = Field(description="Mesh coordinates, e.g. {pp, dp_replicate, "
+                                   "dp_shard, tp}.")
+    state: str
+    step: int | None
+    phase: str | None
+    last_heartbeat: datetime | None
+    pid: int | None
+
+
+class RankList(_Out):
+    items: list[Rank]
+
+
+class MetricPoint(_Out):
+    attempt: int
+    rank: int
+    step: int
+    time: float = Field(description="Unix time in seconds.")
+    loss: float | None
+    grad_norm: float | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+
+
+class MetricList(_Out):
+    items: list[MetricPoint]
+
+
+class LogLine(_Out):
+    id: int
+    attempt: int
+    rank: int | None
+    at: datetime
+    stream: str
+    line: str
+
+
+class LogList(_Out):
+    items: list[LogLine]
+
+
+class Diagnosis(_Out):
+    id: int
+    job_id: str
+    attempt: int
+    created_at: datetime
+    verdict: str
+    culprit_ranks: list[int]
+    summary: str
+    report: dict[str, Any]
+
+
+class DiagnosisList(_Out):
+    items: list[Diagnosis]
+
+
+class Node(_Out):
+    name: str
+    node_id: str | None
+    alive: bool
+    labels: dict[str, Any]
+    gpus: int
+    cpus: float
+    updated_at: datetime
+
+
+class Cluster(_Out):
+    nodes: list[Node]
+    total_gpus: int
+    total_cpus: float
+
+
+class NodeTopology(_Out):
+    name: str
+    node_id: str | None
+    topology: dict[str, Any] = Field(description="The node's stored topology (GPUs, links, "
+                                     "NICs, levels), as discovered or declared.")
+
+
+class Topology(_Out):
+    nodes: list[NodeTopology]
+
+
+class Health(_Out):
+    status: Literal["ok"]
+
+
+class Readiness(_Out):
+    status: Literal["ready", "not_ready"]
+    database: bool
+    migrations: bool
+    detail: str = ""
+
+
+class FieldError(_Out):
+    loc: str
+    msg: str
+    type: str
+
+
+class Problem(_Out):
+    """application/problem+json (RFC 9457). Documented in OpenAPI for every error status."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+    errors: list[FieldError] | None = None

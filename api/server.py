@@ -1,0 +1,156 @@
+"""Running the service: migrate, ensure an admin, serve with uvicorn, optionally submit a demo.
+
+`meshyard serve` is a thin wrapper over :func:`serve`. The listening socket is bound before
+uvicorn starts so `--port 0` works: the chosen URL goes to `<data dir>/server.json`, which the
+CLI and the tests read to find the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from api.app import Runtime, create_app
+from api.client import ADMIN_TOKEN_FILE, SERVER_FILE, MeshyardAPIError, MeshyardClient
+from orchestrator.settings import Settings
+from orchestrator.store.db import make_engine, upgrade_database
+from orchestrator.store.repo import Store
+
+log = logging.getLogger("meshyard.server")
+DEMO_SUBMISSION_ID = "demo-quickstart"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Prepared:
+    store: Store
+    admin_token: str | None  # a token this process may use for the demo submission
+    created_admin_token: str | None  # printed once when this start created the admin
+
+
+def write_private(path: Path, text: str) -> None:
+    """Writes a secret readable by the owner only (0600), also when the file existed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    path.chmod(0o600)
+
+
+def prepare(settings: Settings) -> Prepared:
+    """Creates the data dir, applies migrations and makes sure an admin exists."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.resolved_database_url
+    upgrade_database(url)
+    store = Store(make_engine(url))
+    created = store.ensure_admin(settings.admin_token)
+    token_file = settings.data_dir / ADMIN_TOKEN_FILE
+    if created and not settings.admin_token:
+        write_private(token_file, created + "\n")
+    known = settings.admin_token or created or _read(token_file)
+    return Prepared(store=store, admin_token=known,
+                    created_admin_token=created if not settings.admin_token else None)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def build_runtime(settings: Settings, store: Store) -> Runtime | None:
+    """The scheduler/controller runtime, when it is installed and enabled.
+
+    The runtime lives in `orchestrator.runtime` (`build_runtime(settings=, store=)`); until it
+    exists, or with `--no-scheduler`, the API runs alone and jobs stay QUEUED.
+    """
+    if not settings.scheduler_enabled:
+        return None
+    try:
+        from orchestrator import runtime as runtime_module  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if exc.name not in ("orchestrator.runtime", None):
+            raise
+        return None
+    result: Runtime = runtime_module.build_runtime(settings=settings, store=store)
+    return result
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def public_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+def _submit_demo(server: uvicorn.Server, *, url: str, token: str) -> None:
+    spec = next((p for p in (Path("examples/quickstart.yaml"),
+                             REPO_ROOT / "examples" / "quickstart.yaml") if p.exists()), None)
+    if spec is None:
+        log.warning("--demo: examples/quickstart.yaml not found; nothing submitted")
+        return
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.should_exit:
+        return
+    try:
+        with MeshyardClient(url, token) as client:
+            job = client.submit(spec, submission_id=DEMO_SUBMISSION_ID)
+    except (MeshyardAPIError, OSError) as exc:
+        log.error("--demo submission failed: %s", exc)
+        return
+    print(f"demo job {job.id} ({job.name}) is {job.state.value}: {url}/v1/jobs/{job.id}",
+          flush=True)
+
+
+def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) -> None:
+    prepared = prepare(settings)
+    if prepared.created_admin_token:
+        print("Created the admin user. Its token is shown once and saved to "
+              f"{settings.data_dir / ADMIN_TOKEN_FILE} (mode 0600):\n"
+              f"  {prepared.created_admin_token}", flush=True)
+    sock = bind_socket(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    url = public_url(settings.host, port)
+    app = create_app(settings, store=prepared.store,
+                     runtime=build_runtime(settings, prepared.store))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=access_log,
+                                           timeout_graceful_shutdown=10))
+    server_file = settings.data_dir / SERVER_FILE
+    server_file.write_text(json.dumps({"url": url, "pid": os.getpid(), "port": port}) + "\n")
+    if demo:
+        # No token at hand (admin made earlier, token file deleted): mint one for the demo.
+        token = prepared.admin_token or prepared.store.create_token("admin", admin=True,
+                                                                    label="demo")
+        threading.Thread(target=_submit_demo, args=(server,), daemon=True,
+                         kwargs={"url": url, "token": token}).start()
+    print(f"meshyard serving on {url} (data dir {settings.data_dir})", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        _remove_server_file(server_file)
+        prepared.store.engine.dispose()
+
+
+def _remove_server_file(path: Path) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        info: dict[str, Any] = json.loads(path.read_text())
+        if info.get("pid") == os.getpid():
+            path.unlink()
