@@ -168,13 +168,20 @@ def parse_topo_matrix(text: str) -> NodeTopology:
                 f"row {r[0].text!r} has {len(r) - 1} cells but the header names {n_dev} "
                 "devices; the output looks truncated or re-wrapped"
             )
-    first = rows[0]
-    shifts = sorted(first[1 + i].start - header[i].start for i in range(n_dev))
-    offset = shifts[len(shifts) // 2] if shifts else 0
+    offset = _header_offset(rows[0], header, n_dev)
     dev_end = header[n_dev - 1].start + len(header[n_dev - 1].text) if n_dev else 0
     trailers = _trailer_columns(lines[h], dev_end, offset)
     legend = parse_nic_legend(lines)
     return _build(rows=rows, devices=devices, trailers=trailers, legend=legend)
+
+
+def _header_offset(row: list[_Token], header: list[_Token], n_dev: int) -> int:
+    """How far the row's cells sit right of their header names (0 for an indented header,
+    8 when the header starts at column 0). ' X ' cells sit one further right: ignored."""
+    shifts = [row[1 + i].start - header[i].start for i in range(n_dev) if row[1 + i].text != "X"]
+    if shifts:
+        return min(shifts)
+    return row[1].start - header[0].start - 1 if n_dev else 0
 
 
 def _gpu_from_row(index: int, extra: dict[str, str]) -> Gpu:
