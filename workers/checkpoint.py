@@ -1,0 +1,156 @@
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP).
+
+Layout: ``<checkpoint_dir>/step_00000010/`` holds the DCP files; rank 0 writes
+``COMPLETE`` (JSON with the step) once every rank's part is on disk, and only complete
+checkpoints are resumed from or counted for ``keep``. State is saved through
+``get_state_dict`` / ``set_state_dict``, keyed by parameter FQN, so a checkpoint saved under
+DDP loads under FSDP / TP (DCP reshards), and a resumed run continues the same trajectory
+(the data stream is a pure function of the step).
+
+Async saves (``dcp.async_save``, a background thread) are used when the spec asks for them;
+the previous save is awaited before the next one starts and at the end of training.
+ZeRO-1 (``ZeroRedundancyOptimizer``) keeps its state outside DCP's reach: its optimizer state
+is consolidated on rank 0 and saved with torch.save next to the DCP files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from orchestrator.spec import JobSpec
+
+MARKER = "COMPLETE"
+ZERO1_FILE = "zero1_optim.pt"
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def complete_steps(root: str | Path) -> list[int]:
+    """Steps with a complete checkpoint under ``root``, ascending."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    steps = []
+    for d in r.glob("step_*"):
+        if (d / MARKER).is_file():
+            steps.append(json.loads((d / MARKER).read_text())["step"])
+    return sorted(steps)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class Checkpointer:
+    def __init__(self, spec: JobSpec, *, root: str | Path, parts: list[nn.Module],
+                 optimizer: torch.optim.Optimizer, rank: int) -> None:
+        self._cfg = spec.checkpoint
+        self._root = Path(root)
+        self._parts = parts
+        self._opt = optimizer
+        self._rank = rank
+        self._zero1 = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
+        self._pending: tuple[int, Future[Any]] | None = None
+        self._last_saved = -1
+
+    # -- state ------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        model = self._parts[0] if len(self._parts) == 1 else self._parts
+        if self._zero1:
+            msd = get_state_dict(model, [])[0]
+            return {"model": msd}
+        msd, osd = get_state_dict(model, self._opt)
+        return {"model": msd, "optim": osd}
+
+    # -- save -------------------------------------------------------------------------------
+    def maybe_save(self, step: int, *, final: bool = False) -> bool:
+        if not self._cfg.enabled or step == self._last_saved:
+            return False
+        if step % self._cfg.every_steps and not final:
+            return False
+        self.save(step)
+        return True
+
+    def save(self, step: int) -> None:
+        self.wait()
+        path = _step_dir(self._root, step)
+        state = self._state()
+        if self._zero1:
+            self._opt.consolidate_state_dict(to=0)
+            if self._rank == 0:
+                path.mkdir(parents=True, exist_ok=True)
+                torch.save(self._opt.state_dict(), path / ZERO1_FILE)
+        use_async = self._cfg.async_save and dist.is_initialized()
+        if use_async:
+            self._pending = (step, dcp.async_save(state, checkpoint_id=str(path)))
+        else:
+            dcp.save(state, checkpoint_id=str(path))
+            self._finish(step)
+        self._last_saved = step
+
+    def wait(self) -> None:
+        """Blocks until the pending async save is on disk, then marks it complete."""
+        if self._pending is None:
+            return
+        step, fut = self._pending
+        self._pending = None
+        fut.result()
+        self._finish(step)
+
+    def _finish(self, step: int) -> None:
+        # Every rank's files must be written before the marker says "complete".
+        _barrier()
+        if self._rank == 0:
+            (_step_dir(self._root, step) / MARKER).write_text(json.dumps({"step": step}))
+            self._prune()
+
+    def _prune(self) -> None:
+        for old in complete_steps(self._root)[:-self._cfg.keep]:
+            shutil.rmtree(_step_dir(self._root, old), ignore_errors=True)
+
+    # -- load -------------------------------------------------------------------------------
+    def load_latest(self) -> int:
+        """Loads the newest complete checkpoint; returns its step (0 when there is none)."""
+        steps = complete_steps(self._root)
+        if not steps:
+            return 0
+        step = steps[-1]
+        path = _step_dir(self._root, step)
+        state = self._state()
+        zero1_state = None
+        if not self._zero1 and not (path / ZERO1_FILE).is_file():
+            dcp.load(state, checkpoint_id=str(path))
+        else:
+            # Model only: the optimizer state is either ZeRO-1's file or absent in DCP.
+            state = {"model": state["model"]}
+            dcp.load(state, checkpoint_id=str(path))
+            if self._zero1 and (path / ZERO1_FILE).is_file():
+                zero1_state = torch.load(path / ZERO1_FILE, weights_only=False)
+        model = self._parts[0] if len(self._parts) == 1 else self._parts
+        if "optim" in state:
+            set_state_dict(model, self._opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={},
+                           options=StateDictOptions(strict=True))
+        if zero1_state is not None:
+            self._opt.load_state_dict(zero1_state)
+        self._last_saved = step
+        return step

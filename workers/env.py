@@ -1,0 +1,176 @@
+"""Process setup: rank environment, debug environment, device, process group, timeouts.
+
+Two entry points for launchers:
+
+* :func:`worker_env` returns the environment dict one rank needs (RANK, LOCAL_RANK,
+  WORLD_SIZE, MASTER_ADDR/PORT plus NCCL_DEBUG and Flight Recorder variables). The Ray runtime
+  applies it in each worker actor before calling ``run_training``; torchrun sets the rank
+  variables itself and the launcher adds :func:`debug_env`.
+* :func:`init_distributed` creates the default process group (NCCL on CUDA — with gloo for CPU
+  tensors — gloo otherwise) with the spec's long init timeout. After the first step the loop
+  calls :func:`set_collective_timeout` with the shorter steady-state timeout.
+
+Flight Recorder variables must be in ``os.environ`` before the process group exists (they
+are read when the first group is built), so :func:`apply_env` runs first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.spec import Device, JobSpec
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        """Reads torchrun-style variables; a missing RANK means a single process."""
+        env = os.environ if environ is None else environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+
+    @classmethod
+    def single(cls) -> DistEnv:
+        return cls(rank=0, local_rank=0, world_size=1, local_world_size=1,
+                   master_addr="127.0.0.1", master_port=0)
+
+
+def debug_env(spec: JobSpec, *, run_dir: str | Path) -> dict[str, str]:
+    """NCCL_DEBUG and Flight Recorder settings; dump files go under ``run_dir``.
+
+    >>> e = debug_env(parse_spec({"name": "x"}), run_dir="/runs/a")   # doctest: +SKIP
+    >>> e["NCCL_DEBUG_FILE"], e["TORCH_FR_BUFFER_SIZE"]
+    ('/runs/a/nccl/%h.%p.log', '2000')
+    """
+    run = Path(run_dir).resolve()
+    d = spec.debug
+    fr_size = str(d.flight_recorder_entries)
+    fr_prefix = str(run / "flight_recorder" / "rank_")  # torch appends the global rank
+    return {
+        "NCCL_DEBUG": d.nccl_debug,
+        "NCCL_DEBUG_SUBSYS": d.nccl_debug_subsys,
+        "NCCL_DEBUG_FILE": str(run / "nccl" / "%h.%p.log"),
+        # TORCH_FR_* are the current names for every backend; torch >= 2.8 warns on the old
+        # TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE, so only these are set.
+        "TORCH_FR_BUFFER_SIZE": fr_size,
+        "TORCH_FR_DUMP_TEMP_FILE": fr_prefix,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+    }
+
+
+def worker_env(
+    spec: JobSpec,
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    run_dir: str | Path,
+) -> dict[str, str]:
+    """Everything one rank's process needs in its environment (the Ray runtime's entry point)."""
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "MESHYARD_RUN_DIR": str(Path(run_dir).resolve()),
+    }
+    env.update(debug_env(spec, run_dir=run_dir))
+    return env
+
+
+def apply_env(env: Mapping[str, str], *, run_dir: str | Path | None = None) -> None:
+    """Sets ``env`` into os.environ and creates the dump directories it points at."""
+    os.environ.update(env)
+    if run_dir is not None:
+        for sub in ("nccl", "flight_recorder"):
+            (Path(run_dir) / sub).mkdir(parents=True, exist_ok=True)
+
+
+def select_device(spec: JobSpec, *, local_rank: int) -> torch.device:
+    """cpu / cuda per the spec; with CUDA, the GPU is LOCAL_RANK among the visible ones.
+
+    Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned, so an actor with one GPU sees
+    exactly one device (index 0) whatever its LOCAL_RANK.
+    """
+    want = spec.resources.device
+    has_cuda = torch.cuda.is_available()
+    if want == Device.CUDA and not has_cuda:
+        raise RuntimeError("resources.device is cuda but this worker sees no CUDA device; "
+                           "check the node's GPUs or set device: cpu")
+    if want == Device.CPU or not has_cuda:
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    index = 0 if count == 1 else local_rank % count
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def backend_for(device: torch.device) -> str:
+    # On CUDA keep gloo for CPU tensors too: async checkpoint staging and small CPU
+    # collectives need it.
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(spec: JobSpec, *, dist_env: DistEnv, device: torch.device) -> bool:
+    """Creates the default process group unless it exists or the world is one process.
+
+    Returns True when this call created it (the caller then owns its destruction).
+    """
+    if dist_env.world_size == 1 or dist.is_initialized():
+        return False
+    kwargs = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend=backend_for(device),
+        init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
+        rank=dist_env.rank,
+        world_size=dist_env.world_size,
+        timeout=timedelta(seconds=spec.fault_tolerance.init_timeout_s),
+        **kwargs,
+    )
+    return True
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """Sets the timeout of every existing process group (default and sub-groups).
+
+    Sub-groups (the mesh dimensions) copy the init timeout when created, so they are all
+    updated, not only the default group.
+    """
+    if not dist.is_initialized():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    td = timedelta(seconds=seconds)
+    for pg in list(c10d._world.pg_map.keys()):
+        c10d._set_pg_timeout(td, pg)

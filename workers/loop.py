@@ -1,0 +1,199 @@
+"""The training loop: env -> process group -> mesh -> model -> parallelize -> steps.
+
+``run_training`` is the launcher-independent core. torchrun (``workers.launch``) and the Ray
+worker actor both call it in-process; the actor passes its own callbacks and a
+``threading.Event`` to cancel between steps.
+
+One step::
+
+    data      DataSource.batches(step)           (fault hook: crash / slow / user_hang)
+    forward   \\  StepRunner.train_step         (LocalStepRunner or the pipeline runner)
+    backward  /   gradient sync inside (DDP / FSDP / PP)
+    optimizer loss all-reduce (fault hook: hang / mismatch / desync), clip, optimizer.step
+    checkpoint every N steps (DCP, async where allowed)
+
+The loop's own collective per step is one all-reduce of [loss_sum, count] over the world, so
+the logged loss is the global mean whatever the layout (TP ranks count the same loss once
+each, non-last pipeline stages contribute zero).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.spec import JobSpec
+from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
+from workers.checkpoint import Checkpointer
+from workers.data import DataSource
+from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
+from workers.faults import CollectiveAction, FaultInjector
+from workers.grads import clip_grad_norm
+from workers.heartbeat import HeartbeatThread, Progress
+from workers.mesh import ParallelDims, build_mesh
+from workers.model import build_model, loss_fn
+from workers.parallelize import build_optimizer, parallelize
+from workers.runner import BuildContext, StepRunner, build_runner
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    first_step: int          # first step run in this call (resume point + 1)
+    last_step: int           # last completed step (first_step - 1 when none ran)
+    last_loss: float | None
+    stopped: bool            # True when stop_event ended the run early
+
+
+@dataclass
+class _Run:
+    spec: JobSpec
+    rank: int
+    world: int
+    device: torch.device
+    runner: StepRunner
+    optimizer: torch.optim.Optimizer
+    data: DataSource
+    faults: FaultInjector
+    progress: Progress
+    callbacks: TrainingCallbacks
+    tokens_per_step: int
+
+
+def run_training(
+    spec: JobSpec,
+    *,
+    out_dir: str | Path,
+    callbacks: TrainingCallbacks | None = None,
+    steps: int | None = None,
+    seed: int | None = None,
+    stop_event: threading.Event | None = None,
+    dist_env: DistEnv | None = None,
+    reference: bool = False,
+    attempt: int = 1,
+    checkpoint_dir: str | Path | None = None,
+    heartbeat_interval_s: float = 1.0,
+) -> TrainingResult:
+    """Trains ``spec`` on this rank; every rank of the job calls it.
+
+    ``steps`` overrides ``spec.training.steps`` (the total, including resumed steps);
+    ``seed`` overrides ``spec.training.seed``. ``reference=True`` runs the whole global batch
+    in this one process without any parallelism (the parity baseline). The default process
+    group is created from ``dist_env`` (default: torchrun variables) unless it already exists;
+    a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
+    (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
+    """
+    cbs = callbacks or NullCallbacks()
+    env = DistEnv.single() if reference else (dist_env or DistEnv.from_environ())
+    seed = spec.training.seed if seed is None else seed
+    total = spec.training.steps if steps is None else steps
+    dims = ParallelDims() if reference else ParallelDims.from_spec(spec)
+    dims.validate_world(env.world_size)
+    progress = Progress()
+    hb = HeartbeatThread(progress, cbs, rank=env.rank, interval_s=heartbeat_interval_s).start()
+    created_pg = False
+    try:
+        # Build (and resolve a user import path) before joining the group: a bad spec fails
+        # on every rank by itself instead of leaving peers waiting in a collective.
+        built = build_model(spec, seed=seed)
+        device = select_device(spec, local_rank=env.local_rank)
+        created_pg = init_distributed(spec, dist_env=env, device=device)
+        run = _setup(spec, built=built, dims=dims, env=env, device=device, seed=seed,
+                     reference=reference, progress=progress, callbacks=cbs, attempt=attempt)
+        ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
+                            parts=run.runner.model_parts, optimizer=run.optimizer,
+                            rank=env.rank)
+        return _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
+    finally:
+        progress.enter(Phase.DONE)
+        hb.stop()
+        if created_pg and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
+           device: torch.device, seed: int, reference: bool, progress: Progress,
+           callbacks: TrainingCallbacks, attempt: int) -> _Run:
+    mesh = build_mesh(dims, device_type=device.type) if env.world_size > 1 else None
+    faults = FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
+
+    def chunk(m: torch.nn.Module) -> torch.nn.Module:
+        return parallelize(m, built=built, spec=spec, dims=dims, mesh=mesh, device=device)
+
+    ctx = BuildContext(spec=spec, built=built, dims=dims, mesh=mesh, device=device,
+                       rank=env.rank, faults=faults, loss_fn=loss_fn, parallelize_chunk=chunk)
+    runner = build_runner(ctx)
+    optimizer = build_optimizer(spec, parts=runner.model_parts, dims=dims, mesh=mesh)
+    shards = range(ParallelDims.from_spec(spec).dp) if reference else [dims.dp_index(env.rank)]
+    data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
+                      seq_len=built.seq_len, device=device)
+    callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "
+                     f"runner={type(runner).__name__} optimizer={type(optimizer).__name__}")
+    return _Run(spec=spec, rank=env.rank, world=env.world_size, device=device, runner=runner,
+                optimizer=optimizer, data=data, faults=faults, progress=progress,
+                callbacks=callbacks, tokens_per_step=spec.global_batch_size * built.seq_len)
+
+
+def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
+    """Global mean loss via one all-reduce of [sum, count]; the loop's fault-injection point."""
+    vals = torch.zeros(2, device=run.device)
+    if loss is not None:
+        vals[0], vals[1] = loss, 1.0
+    if run.world > 1:
+        action = run.faults.before_collective(step)
+        if action == CollectiveAction.MISMATCH:
+            vals = torch.cat([vals, torch.zeros(1, device=run.device)])
+        if action != CollectiveAction.SKIP:
+            dist.all_reduce(vals)
+    return float(vals[0] / vals[1].clamp(min=1.0))
+
+
+def _one_step(run: _Run, step: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    run.progress.enter(Phase.DATA, step)
+    run.faults.before_step(step)
+    batches = run.data.batches(step)
+    loss = run.runner.train_step(batches, step=step, progress=run.progress)
+    run.progress.enter(Phase.OPTIMIZER)
+    loss_value = _reduce_loss(run, loss, step)
+    params = [p for m in run.runner.model_parts for p in m.parameters()]
+    grad_norm = clip_grad_norm(params, run.spec.training.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    dt = time.perf_counter() - t0
+    return {"step": step, "loss": loss_value, "time": time.time(), "step_time_s": dt,
+            "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
+            "lr": run.spec.training.lr}
+
+
+def _train(run: _Run, *, ckpt: Checkpointer, total: int,
+           stop_event: threading.Event | None) -> TrainingResult:
+    run.progress.enter(Phase.CHECKPOINT)
+    start = ckpt.load_latest()
+    if start:
+        run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}")
+    last_loss: float | None = None
+    step = start
+    stopped = False
+    for step in range(start + 1, total + 1):
+        if stop_event is not None and stop_event.is_set():
+            stopped, step = True, step - 1
+            break
+        metrics = _one_step(run, step)
+        last_loss = metrics["loss"]
+        if step == start + 1:
+            # Init and the first step (compilation, allocator warm-up, lazy groups) are done:
+            # from here on a collective that takes this long is a hang.
+            set_collective_timeout(run.spec.fault_tolerance.collective_timeout_s)
+        run.callbacks.on_step(metrics)
+        run.progress.enter(Phase.CHECKPOINT)
+        ckpt.maybe_save(step, final=step == total)
+    run.progress.enter(Phase.CHECKPOINT)
+    ckpt.wait()
+    return TrainingResult(first_step=start + 1, last_step=step, last_loss=last_loss,
+                          stopped=stopped)

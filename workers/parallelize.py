@@ -1,0 +1,184 @@
+"""parallelize(): TP -> activation checkpointing -> FSDP/DDP, with PyTorch's own APIs.
+
+Order matters and is fixed:
+
+1. TP first (``parallelize_module`` over ``mesh["tp"]``): it replaces weights with DTensors
+   sharded on tp; everything after must see those DTensors.
+2. Activation checkpointing next: it wraps each block, and FSDP must shard the *wrapped* block
+   so that its all-gather is re-issued for the recomputation in backward.
+3. Data parallelism last, wrapping what TP produced:
+   * ZeRO-3 / ZeRO-2: FSDP2 ``fully_shard`` per block then the root, over ``mesh["dp_shard"]``,
+     or the 2D ``mesh["dp_replicate", "dp_shard"]`` (HSDP) when both degrees are > 1.
+     ZeRO-2 keeps parameters unsharded after forward (``reshard_after_forward=False``).
+   * ZeRO-1: DDP over the flattened ``dp`` group here; the optimizer is a
+     ``ZeroRedundancyOptimizer`` (``build_optimizer``).
+   * ZeRO-0: DDP over the dp group with ``bucket_cap_mb`` and the spec's comm hook
+     (fp16 / bf16 / PowerSGD from ``torch.distributed.algorithms.ddp_comm_hooks``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from orchestrator.spec import CommHook, JobSpec
+from workers.mesh import ParallelDims
+from workers.model import BuiltModel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class UnsupportedLayoutError(ValueError):
+    pass
+
+
+def _blocks(module: nn.Module, built: BuiltModel) -> list[tuple[str, nn.Module]]:
+    if built.blocks_attr is None:
+        return []
+    container = getattr(module, built.blocks_attr, None)
+    if container is None:
+        return []
+    return list(container.named_children())
+
+
+def apply_tp(module: nn.Module, *, built: BuiltModel, tp_mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for _, block in _blocks(module, built):
+        if built.block_plan:
+            parallelize_module(block, tp_mesh, built.block_plan)
+    if built.sequence_parallel_entry:
+        parallelize_module(module, tp_mesh, _sp_root_plan(module))
+    plan = built.root_plan
+    if callable(plan):
+        plan(module, tp_mesh)
+    elif plan:
+        parallelize_module(module, tp_mesh, plan)
+
+
+def _sp_root_plan(module: nn.Module) -> dict[str, Any]:
+    # The replicated embedding hands a sequence shard to the first block; the final norm
+    # gathers the sequence back. Ends missing on a pipeline chunk are skipped.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput
+
+    plan: dict[str, Any] = {}
+    if getattr(module, "embed", None) is not None:
+        plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                            desired_output_layouts=Shard(1))
+    if getattr(module, "norm", None) is not None:
+        plan["norm"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                          desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+    )
+
+    container = getattr(module, built.blocks_attr or "", None)
+    for name, block in _blocks(module, built):
+        container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
+
+
+def apply_fsdp(module: nn.Module, *, built: BuiltModel, dp_mesh: DeviceMesh,
+               reshard_after_forward: bool) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    for _, block in _blocks(module, built):
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    # The root holds embedding / norm / head; it never reshards after forward because
+    # backward starts with the head.
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
+
+
+def apply_ddp(module: nn.Module, *, spec: JobSpec, group: Any, device: torch.device) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    opts = spec.training.ddp
+    ddp = DDP(module, process_group=group, bucket_cap_mb=opts.bucket_cap_mb,
+              device_ids=[device.index] if device.type == "cuda" else None)
+    _register_comm_hook(ddp, spec=spec, group=group)
+    return ddp
+
+
+def _register_comm_hook(ddp: nn.Module, *, spec: JobSpec, group: Any) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    opts = spec.training.ddp
+    hook = opts.comm_hook
+    if hook == CommHook.FP16:
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif hook == CommHook.BF16:
+        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    elif hook == CommHook.POWERSGD:
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group, matrix_approximation_rank=opts.powersgd_rank,
+            start_powerSGD_iter=opts.powersgd_start_iter, warm_start=True,
+            random_seed=spec.training.seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def dp_plan(spec: JobSpec, dims: ParallelDims) -> str:
+    """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
+    stage = spec.parallelism.effective_zero_stage()
+    if dims.dp == 1:
+        return "none"
+    if stage in (2, 3):
+        return "fsdp"
+    return "zero1" if stage == 1 else "ddp"
+
+
+def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: ParallelDims,
+                mesh: DeviceMesh | None, device: torch.device) -> nn.Module:
+    """Applies TP -> AC -> FSDP/DDP to ``module`` (the whole model or one pipeline chunk).
+
+    ``built`` carries the TP plan and where the blocks live. Returns the module to train
+    (a DDP wrapper for DDP / ZeRO-1, else ``module`` itself, changed in place).
+    """
+    module.to(device)
+    if dims.tp > 1:
+        assert mesh is not None
+        apply_tp(module, built=built, tp_mesh=mesh["tp"])
+    if spec.parallelism.activation_checkpointing:
+        apply_ac(module, built=built)
+    kind = dp_plan(spec, dims)
+    if kind == "none":
+        return module
+    assert mesh is not None
+    if kind == "fsdp":
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
+        apply_fsdp(module, built=built, dp_mesh=dp_mesh,
+                   reshard_after_forward=spec.parallelism.effective_zero_stage() == 3)
+        return module
+    if dims.tp > 1:
+        raise UnsupportedLayoutError(
+            "DDP / ZeRO-1 with tp > 1 is not supported; shard data parallelism with dp_shard "
+            "(FSDP, zero_stage 2/3) when combining it with TP")
+    group = mesh.get_group("dp") if kind == "zero1" or dims.dp_shard > 1 \
+        else mesh.get_group("dp_replicate")
+    return apply_ddp(module, spec=spec, group=group, device=device)
+
+
+def build_optimizer(spec: JobSpec, *, parts: list[nn.Module], dims: ParallelDims,
+                    mesh: DeviceMesh | None) -> torch.optim.Optimizer:
+    """AdamW / SGD over every part's parameters; ZeroRedundancyOptimizer for ZeRO-1."""
+    t = spec.training
+    params = [p for m in parts for p in m.parameters() if p.requires_grad]
+    cls: type[torch.optim.Optimizer]
+    kw: dict[str, Any] = {"lr": t.lr, "weight_decay": t.weight_decay}
+    if t.optimizer == "adamw":
+        cls = torch.optim.AdamW
+    else:
+        cls, kw = torch.optim.SGD, {**kw, "momentum": 0.9}
+    if dp_plan(spec, dims) == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        assert mesh is not None
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls,
+                                       process_group=mesh.get_group("dp"), **kw)
+    return cls(params, **kw)

@@ -1,0 +1,117 @@
+"""StepRunner: the strategy that turns one step's micro-batches into gradients.
+
+The loop is the same for every parallelism; only this part differs:
+
+* :class:`LocalStepRunner` (no pipeline): forward + backward per micro-batch with gradient
+  accumulation, DDP / FSDP gradient sync only on the last micro-batch.
+* ``workers.pipeline.build_pipeline_runner(ctx)`` (pp > 1): a ``torch.distributed.pipelining``
+  schedule over this rank's model chunk(s). It receives a :class:`BuildContext`, splits
+  ``ctx.built.module`` into its stage chunk(s), calls ``ctx.parallelize_chunk`` on each
+  (TP -> AC -> FSDP/DDP over the non-pp dims) and returns an object satisfying
+  :class:`StepRunner`.
+
+Contract for ``train_step``: run forward and backward over ``microbatches`` (one entry per
+gradient-accumulation step, each ``micro_batch_size`` sequences of this rank's data shard),
+leave the *averaged* gradients (mean over every sequence of the global batch) in the
+parameters of ``model_parts``, do NOT step the optimizer, and return the mean loss over this
+rank's micro-batches as a detached scalar tensor — or None on ranks that compute no loss
+(non-last pipeline stages). Call ``progress.enter(Phase.FORWARD / BACKWARD)`` as phases change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from workers.callbacks import Phase
+from workers.heartbeat import Progress
+from workers.model import BuiltModel, loss_fn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from orchestrator.spec import JobSpec
+    from workers.faults import FaultInjector
+    from workers.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class Batch:
+    inputs: torch.Tensor   # (micro_batch, seq_len) token ids
+    targets: torch.Tensor  # (micro_batch, seq_len) next-token ids
+
+
+class StepRunner(Protocol):
+    @property
+    def model_parts(self) -> list[nn.Module]: ...
+
+    def train_step(self, microbatches: Sequence[Batch], *, step: int,
+                   progress: Progress) -> torch.Tensor | None: ...
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a runner builder needs. ``mesh`` is None for a single process."""
+
+    spec: JobSpec
+    built: BuiltModel
+    dims: ParallelDims
+    mesh: DeviceMesh | None
+    device: torch.device
+    rank: int
+    faults: FaultInjector
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # Applies TP -> activation checkpointing -> FSDP/DDP to one module (a whole model or one
+    # pipeline chunk) and moves it to the device. See workers.parallelize.parallelize.
+    parallelize_chunk: Callable[[nn.Module], nn.Module]
+
+
+class LocalStepRunner:
+    """Gradient accumulation over micro-batches on a whole (possibly DP/TP-wrapped) model."""
+
+    def __init__(self, model: nn.Module, *,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn) -> None:
+        self._model = model
+        self._loss = loss
+
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        return [self._model]
+
+    def _sync_ctx(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        # Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch.
+        m = self._model
+        if hasattr(m, "set_requires_gradient_sync"):  # FSDP2
+            m.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        if not last and hasattr(m, "no_sync"):  # DDP
+            return m.no_sync()
+        return contextlib.nullcontext()
+
+    def train_step(self, microbatches: Sequence[Batch], *, step: int,
+                   progress: Progress) -> torch.Tensor | None:
+        n = len(microbatches)
+        total = torch.zeros((), device=microbatches[0].inputs.device)
+        for i, mb in enumerate(microbatches):
+            with self._sync_ctx(i == n - 1):
+                progress.enter(Phase.FORWARD)
+                loss = self._loss(self._model(mb.inputs), mb.targets)
+                progress.enter(Phase.BACKWARD)
+                (loss / n).backward()
+            total += loss.detach()
+        return total / n
+
+
+def build_runner(ctx: BuildContext) -> StepRunner:
+    """Picks the strategy: the pipeline runner when pp > 1, else the local one."""
+    if ctx.dims.pp > 1:
+        from workers.pipeline import build_pipeline_runner  # the PP engineer's module
+
+        runner: StepRunner = build_pipeline_runner(ctx)
+        return runner
+    return LocalStepRunner(ctx.parallelize_chunk(ctx.built.module), loss=ctx.loss_fn)
