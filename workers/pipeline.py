@@ -1,55 +1,71 @@
-"""Pipeline parallelism: split the built-in GPT into stages and drive a torch pipelining schedule.
+"""Pipeline parallelism: split the model into stages and drive a torch pipelining schedule.
 
 Stage layout. With ``pp`` ranks and ``v`` virtual stages per rank there are ``pp * v`` stages,
 each holding ``n_layers / (pp * v)`` consecutive blocks; the first stage also holds the
-embeddings, the last the final norm and the LM head (the loss is computed there). Rank ``r``
-of the pp group holds stages ``r, r + pp, r + 2 * pp, ...`` (the "loop" order
+embedding, the last the final norm and the LM head (the loss is computed there). Rank ``r`` of
+the pp group holds stages ``r, r + pp, r + 2 * pp, ...`` (the "loop" order
 ``ScheduleInterleaved1F1B`` expects). Example, pp=2, v=2, 8 layers::
 
-    stage 0 (rank 0): embeddings + blocks 0-1     stage 1 (rank 1): blocks 2-3
-    stage 2 (rank 0): blocks 4-5                  stage 3 (rank 1): blocks 6-7 + norm + head
+    stage 0 (pp rank 0): embed + layers 0-1      stage 1 (pp rank 1): layers 2-3
+    stage 2 (pp rank 0): layers 4-5              stage 3 (pp rank 1): layers 6-7 + norm + head
 
-Every rank builds the whole model with the job's seed first and keeps only its stages' parts,
-so the parameters are bit-identical to the single-process reference.
+A stage module is a deep copy of the whole seeded model with the other stages' layers deleted
+and the missing ends set to None (the GPT's forward skips them), so parameter names (FQNs) and
+values equal the unsplit model's: parity with the single-process reference, and checkpoints
+that reshard across layouts.
 
-Batches. One optimizer step runs one schedule step over the data-parallel rank's whole batch
-(``grad_accum_steps`` micro-batches concatenated), cut into
+Batches. One optimizer step is one schedule step over the data-parallel rank's whole batch
+(the ``grad_accum_steps`` micro-batches concatenated), cut into
 ``pp_microbatches * grad_accum_steps`` pipeline microbatches of equal size. The loss is a mean
-per microbatch and the schedule divides gradients by the microbatch count, so the gradient is the
-mean over the batch, as in the reference. Data parallelism (DDP over dp_replicate, FSDP2 over
-dp_shard, HSDP over both) wraps each stage module; torch's stage code disables gradient sync
-for all but the last microbatch.
+per microbatch and the schedule divides the gradients by the microbatch count, so they are the
+batch mean, as in the reference. Each stage module goes through the core's ``parallelize``
+(TP -> activation checkpointing -> FSDP/DDP over the non-pp mesh dims); torch's stage code
+turns gradient sync off for all but the last microbatch of a DDP or FSDP module.
+
+Gradient clipping needs the norm over the whole model, so :meth:`PipelineRunner.clip_grad_norm`
+adds the squared stage norms over the pp group before clipping.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.tensor import DTensor
 
-from orchestrator.spec import JobSpec, PPSchedule
+from orchestrator.spec import FaultKind, PPSchedule
+from workers.callbacks import Phase
+from workers.heartbeat import Progress
 
-# The built-in GPT's parts, by attribute name; a stage keeps the same names so that parameter
-# FQNs (and so distributed checkpoints) match the unsplit model.
-EMBED_ATTRS = ("tok_emb", "pos_emb", "drop")
-HEAD_ATTRS = ("ln_f", "head")
-BLOCKS_ATTR = "blocks"
+if TYPE_CHECKING:
+    from workers.faults import FaultInjector
+    from workers.runner import Batch, BuildContext
+
+# The layout a splittable model has (the built-in GPT's): ends that may be None, and blocks
+# in a ModuleDict keyed by their layer index.
+EMBED, LAYERS, NORM, HEAD = "embed", "layers", "norm", "lm_head"
+
+
+class PipelineLayoutError(ValueError):
+    """A model or spec that cannot be pipelined, with the fix in the message."""
 
 
 @dataclass(frozen=True)
 class StageLayout:
-    """Which stages a pp rank holds and which blocks each stage holds.
+    """Which stages one pp rank holds and which layers each stage holds.
 
     >>> StageLayout.build(n_layers=8, pp=2, virtual=2, pp_rank=1).stage_ids
     (1, 3)
@@ -65,7 +81,9 @@ class StageLayout:
     def build(cls, *, n_layers: int, pp: int, virtual: int, pp_rank: int) -> StageLayout:
         num_stages = pp * virtual
         if n_layers % num_stages:
-            raise ValueError(f"{num_stages} pipeline stages do not divide n_layers={n_layers}")
+            raise PipelineLayoutError(f"{num_stages} pipeline stages (pp={pp} x "
+                                      f"pp_virtual_stages={virtual}) do not divide the "
+                                      f"model's {n_layers} layers")
         ids = tuple(pp_rank + k * pp for k in range(virtual))
         return cls(n_layers=n_layers, num_stages=num_stages, stage_ids=ids)
 
@@ -74,105 +92,66 @@ class StageLayout:
         return range(stage_id * per, (stage_id + 1) * per)
 
 
-class GPTStage(nn.Module):
-    """A contiguous slice of the built-in GPT: optional embeddings, some blocks, optional head.
-
-    Block keys are the original layer indices ("4", "5"), so ``blocks.4.attn...`` names the
-    same parameter here and in the whole model.
-    """
-
-    def __init__(self, model: nn.Module, *, layers: range, first: bool, last: bool) -> None:
-        super().__init__()
-        self.first, self.last = first, last
-        for name in EMBED_ATTRS if first else ():
-            if hasattr(model, name):
-                setattr(self, name, getattr(model, name))
-        blocks = getattr(model, BLOCKS_ATTR)
-        self.blocks = nn.ModuleDict({str(i): blocks[i] for i in layers})
-        for name in HEAD_ATTRS if last else ():
-            setattr(self, name, getattr(model, name))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.tok_emb(x) + self.pos_emb(pos)
-            if hasattr(self, "drop"):
-                x = self.drop(x)
-        for block in self.blocks.values():
-            x = block(x)
-        if self.last:
-            x = self.head(self.ln_f(x))
-        return x
+def check_splittable(model: nn.Module) -> None:
+    missing = [a for a in (EMBED, NORM, HEAD) if not hasattr(model, a)]
+    layers = getattr(model, LAYERS, None)
+    if missing or not isinstance(layers, nn.ModuleDict):
+        raise PipelineLayoutError(
+            f"pipeline parallelism needs a model laid out like the built-in GPT: attributes "
+            f"{EMBED!r}, {LAYERS!r} (a ModuleDict keyed '0'..'n-1'), {NORM!r}, {HEAD!r}, and a "
+            f"forward that skips ends set to None; {type(model).__name__} lacks "
+            f"{missing or [LAYERS + ' as ModuleDict']}. Use model.kind: gpt or pp: 1")
 
 
-def split_model(model: nn.Module, layout: StageLayout) -> list[GPTStage]:
-    """The stage modules this rank holds, sharing parameters with ``model``."""
+def make_stage_module(model: nn.Module, *, layers: range, first: bool, last: bool) -> nn.Module:
+    """A deep copy of ``model`` holding only ``layers`` (and the ends the stage owns)."""
+    chunk = copy.deepcopy(model)
+    keep = {str(i) for i in layers}
+    for name in list(getattr(chunk, LAYERS).keys()):
+        if name not in keep:
+            del getattr(chunk, LAYERS)[name]
+    if not first:
+        setattr(chunk, EMBED, None)
+    if not last:
+        setattr(chunk, NORM, None)
+        setattr(chunk, HEAD, None)
+    return chunk
+
+
+def split_model(model: nn.Module, layout: StageLayout) -> list[nn.Module]:
+    """The stage modules of ``layout.stage_ids``, in that order."""
+    check_splittable(model)
     last = layout.num_stages - 1
-    return [
-        GPTStage(model, layers=layout.layers(s), first=s == 0, last=s == last)
-        for s in layout.stage_ids
-    ]
+    return [make_stage_module(model, layers=layout.layers(s), first=s == 0, last=s == last)
+            for s in layout.stage_ids]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def pp_clip_grad_norm(params: Iterable[nn.Parameter], *, max_norm: float | None,
+                      pp_group: Any, device: torch.device) -> float:
+    """Total L2 grad norm over every pipeline stage; scales grads down to ``max_norm`` if set.
 
-
-def _dim_size(mesh: DeviceMesh, name: str) -> int:
-    names = mesh.mesh_dim_names or ()
-    return mesh[name].size() if name in names else 1
-
-
-def wrap_data_parallel(module: nn.Module, *, mesh: DeviceMesh, spec: JobSpec) -> nn.Module:
-    """DDP over dp_replicate, FSDP2 over dp_shard, HSDP over both; identity without DP.
-
-    FSDP shards each block, then the stage root, as torchtitan does; the whole-stage group then
-    holds only the embeddings / head. Parameters stay unsharded after forward because every
-    microbatch's backward needs them again (resharding would all-gather once per microbatch).
+    Each rank's norm covers its stages only (DTensor grads are reduced over their own mesh
+    with ``full_tensor``); the squared norms are summed over the pp group, so the result and
+    the clipping equal ``clip_grad_norm_`` on the whole model.
     """
-    rep, shard = _dim_size(mesh, "dp_replicate"), _dim_size(mesh, "dp_shard")
-    if shard > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if rep > 1 else mesh["dp_shard"]
-        for block in module.blocks.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
-        return module
-    if rep > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        return DDP(
-            module,
-            process_group=mesh["dp_replicate"].get_group(),
-            bucket_cap_mb=spec.training.ddp.bucket_cap_mb,
-        )
-    return module
-
-
-def pp_clip_grad_norm_(
-    params: Iterable[nn.Parameter], *, max_norm: float | None, pp_group: dist.ProcessGroup | None
-) -> float:
-    """Global grad norm over every pipeline stage (and DTensor shard); clips when max_norm is set.
-
-    Each stage sees only its own parameters, so the squared local norms are summed over the pp
-    group before clipping: the result equals ``clip_grad_norm_`` on the whole model.
-    """
-    grads_params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in grads_params]
-    if not grads:
-        local = torch.zeros(())
-    else:
-        local = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if hasattr(local, "full_tensor"):
-        local = local.full_tensor()
-    sq = local.detach().float() ** 2
+    grads = [p.grad for p in params if p.grad is not None]
+    by_mesh: dict[object, list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        by_mesh[(id(g.device_mesh), g.placements) if isinstance(g, DTensor) else "plain"].append(g)
+    sq = torch.zeros((), dtype=torch.float32, device=device)
+    for group in by_mesh.values():
+        n = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq += n.detach().float().to(device) ** 2
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         dist.all_reduce(sq, group=pp_group)
-    total = sq.sqrt()
-    if max_norm is not None and grads_params:
-        torch.nn.utils.clip_grads_with_norm_(grads_params, max_norm, total.to(grads[0].device))
-    return float(total)
+    total = math.sqrt(float(sq))
+    if max_norm is not None and grads and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for group in by_mesh.values():
+            torch._foreach_mul_(group, coef)
+    return total
 
 
 _SCHEDULES = {
@@ -183,125 +162,112 @@ _SCHEDULES = {
 
 
 class PipelineRunner:
-    """One rank's share of the pipeline: its stage modules, their PipelineStages, the schedule.
+    """The StepRunner for pp > 1: this rank's stage modules, their PipelineStages, a schedule.
 
-    ``train_step`` runs forward, backward and the loss for a data-parallel rank's batch and
-    returns the global mean loss (the same value on every rank). The caller owns the optimizer
-    (built over ``parameters()``), clipping via ``clip_grad_norm_`` and ``zero_grad``.
+    ``train_step`` returns the mean loss over this rank's batch on last-stage ranks and None
+    elsewhere; gradients are left in ``model_parts`` for the loop to clip (with
+    :meth:`clip_grad_norm`) and step.
     """
 
-    def __init__(
-        self,
-        *,
-        modules: Sequence[nn.Module],
-        stages: Sequence[PipelineStage],
-        schedule: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B,
-        pp_group: dist.ProcessGroup | None,
-        dp_size: int,
-    ) -> None:
-        self.modules = list(modules)
+    def __init__(self, *, parts: Sequence[nn.Module], stages: Sequence[PipelineStage],
+                 schedule: Any, pp_group: Any, device: torch.device,
+                 faults: FaultInjector | None = None) -> None:
+        self._parts = list(parts)
         self.stages = list(stages)
         self.schedule = schedule
         self.pp_group = pp_group
-        self.dp_size = dp_size
+        self.device = device
         self.is_first = any(s.is_first for s in self.stages)
         self.is_last = any(s.is_last for s in self.stages)
-        self.stalled = False
+        self._step = 0
+        self._progress: Progress | None = None
+        for stage in self.stages:
+            self._instrument(stage, faults)
 
-    def parameters(self) -> list[nn.Parameter]:
-        return [p for m in self.modules for p in m.parameters()]
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        return self._parts
 
-    def train(self, mode: bool = True) -> None:
-        for m in self.modules:
-            m.train(mode)
+    def _instrument(self, stage: PipelineStage, faults: FaultInjector | None) -> None:
+        # Heartbeat phases: the schedule interleaves forwards and backwards, so the phase is
+        # set per chunk (two attribute writes). The fault hook wraps the sends only when a
+        # p2p_stall is armed for this rank, so normal runs pay nothing.
+        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward + backward of one global step; returns the mean loss over the global batch."""
+        def forward_one_chunk(*a: Any, **kw: Any) -> Any:
+            if self._progress is not None:
+                self._progress.enter(Phase.FORWARD)
+            return fwd(*a, **kw)
+
+        def backward_one_chunk(*a: Any, **kw: Any) -> Any:
+            if self._progress is not None:
+                self._progress.enter(Phase.BACKWARD)
+            return bwd(*a, **kw)
+
+        stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
+        stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
+        f = faults.fault if faults is not None else None
+        if faults is not None and f is not None and f.kind == FaultKind.P2P_STALL \
+                and f.rank == faults.rank:
+            self._arm_p2p_stall(stage, faults)
+
+    def _arm_p2p_stall(self, stage: PipelineStage, faults: FaultInjector) -> None:
+        def guard(send_ops: Callable[[int], list[dist.P2POp]]) -> Callable[[int], list[Any]]:
+            def wrapped(chunk_id: int) -> list[dist.P2POp]:
+                ops = send_ops(chunk_id)
+                if ops:  # only a stage that really sends at this point stalls
+                    faults.maybe_p2p_stall(self._step)
+                return ops
+            return wrapped
+
+        stage.get_fwd_send_ops = guard(stage.get_fwd_send_ops)  # type: ignore[method-assign]
+        stage.get_bwd_send_ops = guard(stage.get_bwd_send_ops)  # type: ignore[method-assign]
+
+    def train_step(self, microbatches: Sequence[Batch], *, step: int,
+                   progress: Progress) -> torch.Tensor | None:
+        self._step, self._progress = step, progress
+        inputs = torch.cat([mb.inputs for mb in microbatches])
+        targets = torch.cat([mb.targets for mb in microbatches])
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
-        self.schedule.step(
-            *args, target=targets if self.is_last else None, losses=losses, return_outputs=False
-        )
-        mine = torch.stack([l.detach().float() for l in losses]).mean() if losses else None
-        return self._global_loss(mine, device=inputs.device)
+        self.schedule.step(*args, target=targets if self.is_last else None, losses=losses,
+                           return_outputs=False)
+        if not self.is_last:
+            return None
+        return torch.stack([x.detach().float() for x in losses]).mean()
 
-    def _global_loss(self, mine: torch.Tensor | None, *, device: torch.device) -> torch.Tensor:
-        # Only last-stage ranks hold a loss; one all-reduce over the world both moves it to
-        # rank 0 (first stage, which writes metrics) and averages it over data parallelism.
-        loss = torch.zeros((), device=device) if mine is None else mine.to(device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(loss)
-        return loss / self.dp_size
-
-    def clip_grad_norm_(self, max_norm: float | None) -> float:
-        return pp_clip_grad_norm_(self.parameters(), max_norm=max_norm, pp_group=self.pp_group)
-
-    def stall_sends(self) -> None:
-        """Fault ``p2p_stall``: from now on this rank's stages never send activations or grads.
-
-        The peers block in their receives until the process group's timeout fires, and so does
-        this rank once it waits for what it is owed: a real pipeline stall, no exception raised.
-        """
-        for stage in self.stages:
-            stage.get_fwd_send_ops = _no_sends  # type: ignore[method-assign]
-            stage.get_bwd_send_ops = _no_sends  # type: ignore[method-assign]
-        self.stalled = True
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        params = [p for m in self._parts for p in m.parameters()]
+        return pp_clip_grad_norm(params, max_norm=max_norm, pp_group=self.pp_group,
+                                 device=self.device)
 
 
-def _no_sends(_chunk_id: int) -> list[dist.P2POp]:
-    return []
+def build_schedule(*, stages: Sequence[PipelineStage], kind: PPSchedule, n_microbatches: int,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    cls = _SCHEDULES[kind]
+    target = list(stages) if cls is ScheduleInterleaved1F1B else stages[0]
+    if cls is not ScheduleInterleaved1F1B and len(stages) != 1:
+        raise PipelineLayoutError(f"pp_schedule={kind.value} runs one stage per rank; use "
+                                  "interleaved_1f1b for pp_virtual_stages > 1")
+    return cls(target, n_microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
-def build_pipeline(
-    model: nn.Module,
-    *,
-    spec: JobSpec,
-    mesh: DeviceMesh,
-    device: torch.device,
-    wrap: Callable[[nn.Module], nn.Module] | None = None,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss,
-) -> PipelineRunner:
-    """Splits ``model`` for this rank's pp coordinate and builds the stages and schedule.
-
-    ``wrap`` applies TP / data parallelism to each stage module (default:
-    :func:`wrap_data_parallel`). ``mesh`` must have a "pp" dimension.
-    """
-    par = spec.parallelism
-    pp_mesh = mesh["pp"]
-    pp_rank = pp_mesh.get_local_rank()
-    layout = StageLayout.build(
-        n_layers=len(getattr(model, BLOCKS_ATTR)), pp=par.pp, virtual=par.pp_virtual_stages,
-        pp_rank=pp_rank,
-    )
-    wrap = wrap or (lambda m: wrap_data_parallel(m, mesh=mesh, spec=spec))
-    modules = [wrap(m.to(device)) for m in split_model(model, layout)]
+def build_pipeline_runner(ctx: BuildContext) -> PipelineRunner:
+    """Splits ``ctx.built.module`` for this rank's pp coordinate and builds stages + schedule."""
+    spec, par = ctx.spec, ctx.spec.parallelism
+    if ctx.mesh is None:
+        raise PipelineLayoutError("pipeline parallelism needs a process group (pp > 1)")
+    pp_mesh = ctx.mesh["pp"]
+    model = ctx.built.module
+    check_splittable(model)
+    layout = StageLayout.build(n_layers=len(getattr(model, LAYERS)), pp=par.pp,
+                               virtual=par.pp_virtual_stages, pp_rank=pp_mesh.get_local_rank())
+    parts = [ctx.parallelize_chunk(m) for m in split_model(model, layout)]
     group = pp_mesh.get_group()
-    stages = [
-        PipelineStage(m, sid, layout.num_stages, device, group=group)
-        for m, sid in zip(modules, layout.stage_ids, strict=True)
-    ]
-    n_micro = par.pp_microbatches * spec.training.grad_accum_steps
-    cls = _SCHEDULES[par.pp_schedule]
-    schedule = cls(stages if cls is ScheduleInterleaved1F1B else stages[0], n_micro,
-                   loss_fn=loss_fn, scale_grads=True)
-    return PipelineRunner(modules=modules, stages=stages, schedule=schedule,
-                          pp_group=group, dp_size=par.dp)
-
-
-def local_batch_tokens(spec: JobSpec) -> int:
-    """Tokens one data-parallel rank processes per optimizer step (for tokens/s)."""
-    t = spec.training
-    return t.micro_batch_size * t.grad_accum_steps * spec.model.seq_len
-
-
-__all__ = [
-    "GPTStage",
-    "PipelineRunner",
-    "StageLayout",
-    "build_pipeline",
-    "lm_loss",
-    "local_batch_tokens",
-    "pp_clip_grad_norm_",
-    "split_model",
-    "wrap_data_parallel",
-]
+    stages = [PipelineStage(m, sid, layout.num_stages, ctx.device, group=group)
+              for m, sid in zip(parts, layout.stage_ids, strict=True)]
+    schedule = build_schedule(stages=stages, kind=par.pp_schedule,
+                              n_microbatches=par.pp_microbatches * spec.training.grad_accum_steps,
+                              loss_fn=ctx.loss_fn)
+    return PipelineRunner(parts=parts, stages=stages, schedule=schedule, pp_group=group,
+                          device=ctx.device, faults=ctx.faults)
