@@ -1,0 +1,159 @@
+"""Hang-detection policies: when is a job stalled, which ranks are dead or silent, who straggles.
+
+Pure module. Policies return decisions; the controller acts on them. Nothing here raises on
+odd input: an empty history gives the floor threshold, a missing heartbeat is "silent".
+
+Stall rule (issue 6): stalled when no rank's step advanced for max(floor, k × p95 step time);
+before the first step the longer `first_step_timeout_s` applies (model build, compile, data).
+Straggler rule: step times even out under all-reduce (everyone waits for the slowest), so a
+straggler is found by TIME-TO-ENTER each collective: the rank that is persistently the last to
+enqueue, by a margin, is the one making the others wait.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StallPolicy:
+    """Defaults aim at a verdict within 30 s of a stall on a job with sub-second steps."""
+
+    floor_s: float = 12.0
+    k: float = 5.0
+    first_step_timeout_s: float = 300.0
+    heartbeat_timeout_s: float = 15.0
+    window: int = 200  # step times kept for the p95
+
+    @staticmethod
+    def fixed(stall_timeout_s: float, first_step_timeout_s: float | None = None,
+              heartbeat_timeout_s: float | None = None) -> StallPolicy:
+        """A spec that sets `watchdog.stall_timeout_s` turns the adaptive part off (k=0)."""
+        return StallPolicy(floor_s=stall_timeout_s, k=0.0,
+                           first_step_timeout_s=first_step_timeout_s or 10 * stall_timeout_s,
+                           heartbeat_timeout_s=heartbeat_timeout_s or stall_timeout_s)
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """What the controller knows of one rank. Times are seconds on one monotonic clock."""
+
+    rank: int
+    step: int | None  # None before the first completed step
+    step_changed_s: float | None  # when `step` last advanced
+    heartbeat_s: float | None  # last heartbeat received
+    alive: bool = True  # False once the process is known to have exited
+
+
+@dataclass(frozen=True)
+class StallDecision:
+    stalled: bool
+    reason: str  # "" | "stall" | "first_step"
+    idle_s: float
+    threshold_s: float
+    dead_ranks: tuple[int, ...] = ()
+    silent_ranks: tuple[int, ...] = ()  # alive, but no heartbeat for heartbeat_timeout_s
+
+    @property
+    def needs_diagnosis(self) -> bool:
+        return self.stalled or bool(self.dead_ranks) or bool(self.silent_ranks)
+
+
+def p95(values: Sequence[float]) -> float | None:
+    """Nearest-rank 95th percentile; None when empty. p95([1..100]) == 95."""
+    vals = sorted(v for v in values if v is not None and math.isfinite(v) and v >= 0)
+    if not vals:
+        return None
+    idx = max(0, math.ceil(0.95 * len(vals)) - 1)
+    return vals[idx]
+
+
+def stall_threshold(policy: StallPolicy, step_times: Sequence[float]) -> float:
+    """max(floor, k × p95(recent step times)); the floor alone without history."""
+    q = p95(list(step_times)[-policy.window:])
+    return policy.floor_s if q is None else max(policy.floor_s, policy.k * q)
+
+
+def evaluate_stall(policy: StallPolicy, *, now_s: float, started_s: float,
+                   ranks: Sequence[RankProgress], step_times: Sequence[float]) -> StallDecision:
+    """Decide whether the job is stalled now. Example: floor 12 s, p95 1 s, k 5 → threshold
+    12 s; a job whose newest step change was 13 s ago is stalled ("stall")."""
+    dead = tuple(sorted(r.rank for r in ranks if not r.alive))
+    silent = tuple(sorted(
+        r.rank for r in ranks
+        if r.alive and now_s - (r.heartbeat_s if r.heartbeat_s is not None else started_s)
+        > policy.heartbeat_timeout_s))
+    changes = [r.step_changed_s for r in ranks if r.step is not None and r.step_changed_s]
+    if not changes:
+        idle = max(0.0, now_s - started_s)
+        thr = policy.first_step_timeout_s
+        return StallDecision(stalled=idle > thr, reason="first_step" if idle > thr else "",
+                             idle_s=idle, threshold_s=thr, dead_ranks=dead, silent_ranks=silent)
+    idle = max(0.0, now_s - max(changes))
+    thr = stall_threshold(policy, step_times)
+    return StallDecision(stalled=idle > thr, reason="stall" if idle > thr else "", idle_s=idle,
+                         threshold_s=thr, dead_ranks=dead, silent_ranks=silent)
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    min_samples: int = 5  # collectives seen by the rank and at least one other
+    min_late_fraction: float = 0.6  # share of collectives where the rank entered last
+    min_lateness_s: float = 0.02  # median lateness must exceed this ...
+    min_ratio: float = 3.0  # ... and this many times the others' typical |lateness|
+
+
+@dataclass(frozen=True)
+class StragglerScore:
+    rank: int
+    samples: int
+    late_fraction: float  # share of collectives where this rank entered last
+    median_lateness_s: float  # median of (my enter time - median of the others' enter times)
+    others_spread_s: float  # median spread (max - min) of the OTHER ranks' enter times: noise
+
+
+def straggler_scores(
+        enter_times: Mapping[int, Mapping[Hashable, float]]) -> tuple[StragglerScore, ...]:
+    """Score every rank from time-to-enter. `enter_times[rank][(pg, seq)] = seconds`."""
+    keys: dict[Hashable, dict[int, float]] = {}
+    for rank, times in enter_times.items():
+        for key, t in times.items():
+            keys.setdefault(key, {})[rank] = t
+    late: dict[int, list[float]] = {r: [] for r in enter_times}
+    spread: dict[int, list[float]] = {r: [] for r in enter_times}
+    last: dict[int, int] = dict.fromkeys(enter_times, 0)
+    for at in keys.values():
+        if len(at) < 2:
+            continue
+        last[max(at, key=lambda r: at[r])] += 1
+        for r, t in at.items():
+            others = [v for q, v in at.items() if q != r]
+            late[r].append(t - statistics.median(others))
+            spread[r].append(max(others) - min(others))
+    out = []
+    for r in sorted(enter_times):
+        n = len(late[r])
+        out.append(StragglerScore(
+            rank=r, samples=n, late_fraction=(last[r] / n) if n else 0.0,
+            median_lateness_s=statistics.median(late[r]) if n else 0.0,
+            others_spread_s=statistics.median(spread[r]) if n else 0.0))
+    return tuple(out)
+
+
+def find_stragglers(scores: Sequence[StragglerScore],
+                    policy: StragglerPolicy = StragglerPolicy()) -> tuple[int, ...]:
+    """Ranks that are persistently the last to enter, by a margin well above the noise.
+
+    Example: rank 2 enters every all_reduce 0.3 s after ranks 0, 1, 3, which enter within
+    5 ms of each other: late_fraction 1.0, lateness 0.3 s >= max(0.02, 3 x 0.005) -> (2,).
+    """
+    out = []
+    for s in scores:
+        if s.samples < policy.min_samples or s.late_fraction < policy.min_late_fraction:
+            continue
+        if s.median_lateness_s >= max(policy.min_lateness_s, policy.min_ratio * s.others_spread_s):
+            out.append(s.rank)
+    return tuple(out)

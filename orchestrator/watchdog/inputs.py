@@ -1,0 +1,122 @@
+"""What the analyzer takes: per-rank evidence, world size, group membership, rank locations.
+
+Pure module. `RankEvidence.from_summary()` reads the JSON-able dict that
+`workers.diagnostics.collect_evidence()` returns (plus liveness the controller adds), so the
+worker side and the analyzer share one format without the analyzer importing torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from orchestrator.watchdog.flight_recorder import RankTrace, parse_dump
+from orchestrator.watchdog.report import RankLocation
+
+DEFAULT_PG = "0"
+
+
+@dataclass(frozen=True)
+class PendingOp:
+    """A collective or p2p op a rank is blocked in or about to run.
+
+    Sources: "stack" (seen in the main thread's frames by the diagnostics thread), "announce"
+    (recorded by the worker right before the call — the only evidence left when gloo aborts the
+    process on a size mismatch), "heartbeat". `peer` is a GLOBAL rank; `seq` is the collective
+    seq on `pg` when known.
+    """
+
+    op: str
+    pg: str = DEFAULT_PG
+    seq: int | None = None
+    is_p2p: bool = False
+    peer: int | None = None
+    sizes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    source: str = "stack"
+
+    def fingerprint(self) -> str:
+        sizes = "[" + ", ".join("[" + ", ".join(map(str, s)) + "]" for s in self.sizes) + "]"
+        return f"{self.op} {sizes} {','.join(self.dtypes)}"
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> PendingOp:
+        return PendingOp(
+            op=str(d.get("op", "?")), pg=str(d.get("pg", DEFAULT_PG)),
+            seq=_opt_int(d.get("seq")), is_p2p=bool(d.get("is_p2p", False)),
+            peer=_opt_int(d.get("peer")),
+            sizes=tuple(tuple(int(x) for x in s) for s in d.get("sizes") or ()),
+            dtypes=tuple(str(x) for x in d.get("dtypes") or ()),
+            source=str(d.get("source", "stack")))
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    rank: int
+    alive: bool | None = True  # None: unknown (no answer, no exit seen)
+    exit_info: str | None = None
+    exit_time_s: float | None = None
+    trace: RankTrace | None = None
+    pending: tuple[PendingOp, ...] = ()
+    step: int | None = None
+    phase: str | None = None
+    heartbeat_age_s: float | None = None
+    top_of_stack: str | None = None
+    stack: str | None = None
+    log_errors: tuple[str, ...] = ()
+    # Time each collective was entered, keyed by (pg, seq), in seconds on a shared clock.
+    enter_times: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    artifacts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "enter_times", MappingProxyType(dict(self.enter_times)))
+
+    @staticmethod
+    def from_summary(d: Mapping[str, Any], **overrides: Any) -> RankEvidence:
+        """Build from `collect_evidence()`'s summary dict; keyword overrides win (liveness)."""
+        fr = d.get("fr_dump")
+        trace = parse_dump(fr, rank=_opt_int(d.get("rank"))) if isinstance(fr, Mapping) else None
+        enter = {}
+        for item in d.get("enter_times") or ():
+            enter[(str(item[0]), int(item[1]))] = float(item[2])
+        kw: dict[str, Any] = dict(
+            rank=int(d["rank"]), alive=d.get("alive", True), exit_info=d.get("exit_info"),
+            exit_time_s=d.get("exit_time_s"), trace=trace,
+            pending=tuple(PendingOp.from_dict(p) for p in d.get("pending") or ()),
+            step=_opt_int(d.get("step")), phase=d.get("phase"),
+            heartbeat_age_s=d.get("heartbeat_age_s"), top_of_stack=d.get("top_of_stack"),
+            stack=d.get("main_stack"), log_errors=tuple(d.get("log_errors") or ()),
+            enter_times=enter, artifacts=tuple(d.get("artifacts") or ()))
+        kw.update(overrides)
+        return RankEvidence(**kw)
+
+
+@dataclass(frozen=True)
+class AnalysisInput:
+    """`pg_members` maps a Flight Recorder pg id ("0" is the default group, then creation
+    order) to its GLOBAL ranks in group-rank order. Missing groups fall back to the dump's
+    pg_config, then to the ranks whose dumps mention the group. `trigger` says why the
+    analysis runs: stall | straggler | exit | manual."""
+
+    ranks: tuple[RankEvidence, ...]
+    world_size: int
+    pg_members: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pg_names: Mapping[str, str] = field(default_factory=dict)
+    locations: Mapping[int, RankLocation] = field(default_factory=dict)
+    trigger: str = "stall"
+    artifacts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pg_members", MappingProxyType(
+            {str(k): tuple(v) for k, v in self.pg_members.items()}))
+        object.__setattr__(self, "pg_names", MappingProxyType(dict(self.pg_names)))
+        object.__setattr__(self, "locations", MappingProxyType(dict(self.locations)))
+
+
+def _opt_int(v: Any) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
