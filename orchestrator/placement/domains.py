@@ -1,0 +1,187 @@
+"""The domain tree the solver's BestFit walks, and how many TP groups each domain can hold.
+
+Pure module. The tree is root -> coarsest level (spine) -> ... -> finest level (leaf, or a
+multi-node `nvlink_domain`) -> node. A domain's capacity is counted in *units*:
+
+- strict packing (`unit == tp`): whole TP groups. A node holds sum(free // tp) over its TP
+  domains (its NVLink components when tp_within=nvlink_domain, the whole node when
+  tp_within=node); a multi-node NVLink domain ("pool") holds (its free GPUs) // tp, because a
+  TP group may span its nodes; any other domain holds the sum of its children.
+- relaxed packing (`unit == 1`, preferred mode when the constraint cannot hold): GPUs.
+
+BestFit (`fill`), as in Kueue's topology-aware scheduling: inside a domain, if one child can
+hold all k units, recurse into the tightest such child (least capacity, then fewest free GPUs,
+then tree order) so the job spans as few levels as possible and leaves big holes intact;
+otherwise take children largest first and close with the tightest child that holds the rest.
+
+Example: leaves L0 = {a: 8 free, b: 8 free}, L1 = {c: 8 free, d: 2 free}, tp=2, 5 groups
+(10 GPUs). No node holds 5 groups; both leaves do (4+4 = 8 groups and 4+1 = 5 groups), so
+the tightest leaf L1 is chosen, and inside it c (4 groups) then d (1 group): L0 stays whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from orchestrator.placement.nodeinfo import fingerprint, islands
+from orchestrator.topology.model import (
+    NVLINK_DOMAIN_LEVEL,
+    ClusterNode,
+    ClusterTopology,
+)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How capacity is counted: TP-group units (strict) or single GPUs (relaxed)."""
+
+    tp: int
+    tp_within: str  # nvlink_domain | node
+    strict: bool = True
+
+    @property
+    def unit(self) -> int:
+        return self.tp if self.strict else 1
+
+    @property
+    def pools(self) -> bool:
+        """Whether multi-node NVLink domains pool their GPUs for TP groups."""
+        return self.strict and self.tp_within == "nvlink_domain"
+
+
+@dataclass
+class Domain:
+    level: str  # "node", a label level, or "cluster"
+    path: tuple[str, ...]  # label values from the coarsest level down (node name last)
+    order: int  # position along the switch tree
+    children: list[Domain] = field(default_factory=list)
+    node: ClusterNode | None = None
+    cap: int = 0
+    free: int = 0
+    pool: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path[-1] if self.path else "cluster"
+
+    def nodes(self) -> Iterable[Domain]:
+        if self.node is not None:
+            yield self
+        for child in self.children:
+            yield from child.nodes()
+
+
+def free_of(node: ClusterNode, *, ignore_busy: bool) -> list[int]:
+    return list(node.topology.gpu_indices) if ignore_busy else list(node.free_gpus)
+
+
+def tp_domains(node: ClusterNode, free: Iterable[int], tp_within: str) -> list[list[int]]:
+    """Free GPUs of each TP domain inside the node (NVLink components, or the whole node)."""
+    free = sorted(free)
+    if tp_within != "nvlink_domain":
+        return [free]
+    return [sorted(set(free) & comp) for comp in islands(node.topology)]
+
+
+def node_cap(node: ClusterNode, free: list[int], packing: Packing) -> int:
+    if not packing.strict:
+        return len(free)
+    return sum(len(d) // packing.tp for d in tp_domains(node, free, packing.tp_within))
+
+
+def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[str] = frozenset(),
+               ignore_busy: bool = False) -> Domain:
+    """The domain tree with capacities. Avoided nodes (by name or id) are left out."""
+    levels = tuple(reversed(cluster.levels))  # coarsest first
+    root = Domain(level="cluster", path=(), order=0)
+    index: dict[tuple[str, ...], Domain] = {(): root}
+    ordered = sorted(cluster.nodes, key=lambda n: (cluster.path(n), n.name))
+    for i, node in enumerate(ordered):
+        if node.name in avoid or (node.node_id is not None and node.node_id in avoid):
+            continue
+        parent = root
+        for depth, level in enumerate(levels):
+            path = cluster.path(node)[:depth + 1]
+            if path not in index:
+                dom = Domain(level=level, path=path, order=i,
+                             pool=level == NVLINK_DOMAIN_LEVEL and packing.pools)
+                index[path] = dom
+                parent.children.append(dom)
+            parent = index[path]
+        free = free_of(node, ignore_busy=ignore_busy)
+        leaf = Domain(level="node", path=(*cluster.path(node), node.name), order=i, node=node,
+                      cap=node_cap(node, free, packing), free=len(free))
+        parent.children.append(leaf)
+    _sum_caps(root, packing)
+    return root
+
+
+def _sum_caps(dom: Domain, packing: Packing) -> None:
+    if dom.node is not None:
+        return
+    for child in dom.children:
+        _sum_caps(child, packing)
+    dom.free = sum(c.free for c in dom.children)
+    dom.cap = dom.free // packing.tp if dom.pool else sum(c.cap for c in dom.children)
+
+
+def by_level(root: Domain) -> list[list[Domain]]:
+    """Domains per depth, finest (nodes) first, the root last."""
+    depths: list[list[Domain]] = []
+
+    def walk(dom: Domain, depth: int) -> None:
+        while len(depths) <= depth:
+            depths.append([])
+        depths[depth].append(dom)
+        for child in dom.children:
+            walk(child, depth + 1)
+
+    walk(root, 0)
+    return list(reversed(depths))
+
+
+def bestfit_key(dom: Domain) -> tuple[int, int, int]:
+    return (dom.cap, dom.free, dom.order)
+
+
+def fill(dom: Domain, k: int, packing: Packing) -> dict[str, int]:
+    """GPUs to take per node name so that `dom` holds k units (BestFit, see module doc)."""
+    if dom.node is not None:
+        return {dom.node.name: k * packing.unit}
+    if dom.pool and sum(c.cap for c in dom.children) < k:
+        return _fill_gpus(dom.children, k * packing.tp)
+    out: dict[str, int] = {}
+    left = sorted(dom.children, key=lambda c: (-c.cap, c.free, c.order))
+    while k > 0:
+        fits = [c for c in left if c.cap >= k]
+        child = min(fits, key=bestfit_key) if fits else left[0]
+        take = min(k, child.cap)
+        if take <= 0:
+            raise AssertionError("fill() called beyond the domain's capacity")
+        out.update(fill(child, take, packing))
+        k -= take
+        left.remove(child)
+    return out
+
+
+def _fill_gpus(nodes: list[Domain], n: int) -> dict[str, int]:
+    """n GPUs across the nodes of one NVLink pool, BestFit on free GPU counts."""
+    out: dict[str, int] = {}
+    left = sorted(nodes, key=lambda c: (-c.free, c.order))
+    while n > 0:
+        fits = [c for c in left if c.free >= n]
+        child = min(fits, key=lambda c: (c.free, c.order)) if fits else left[0]
+        take = min(n, child.free)
+        assert child.node is not None and take > 0
+        out[child.node.name] = take
+        n -= take
+        left.remove(child)
+    return out
+
+
+def shape(dom: Domain) -> tuple[object, ...]:
+    """Structure of a domain: equal shapes give equal placements up to node names."""
+    if dom.node is not None:
+        return (fingerprint(dom.node.topology), dom.node.free_gpus)
+    return (dom.level, dom.pool, tuple(shape(c) for c in dom.children))

@@ -1,0 +1,92 @@
+"""The job's device mesh: dimension order (pp, dp_replicate, dp_shard, tp), row-major.
+
+tp varies fastest and pp slowest (the Megatron / torchtitan convention), so
+
+    rank = ((pp * dp_replicate_size + dp_replicate) * dp_shard_size + dp_shard) * tp_size + tp
+
+Pure module (stdlib only).
+
+Example, MeshShape(pp=2, dp_replicate=1, dp_shard=2, tp=2) (world 8):
+
+    rank 5 -> {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    groups("tp")       == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    groups("dp_shard") == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    groups("pp")       == [(0, 4), (1, 5), (2, 6), (3, 7)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Parallel degrees of a job. The product is the world size."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        for dim in DIMS:
+            value = getattr(self, dim)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{dim}={value!r}: every parallel degree must be an integer >= 1")
+
+    @classmethod
+    def from_parallelism(cls, parallelism: Any) -> MeshShape:
+        """From anything with tp/pp/dp_shard/dp_replicate attributes (e.g. spec.Parallelism)."""
+        return cls(pp=parallelism.pp, dp_replicate=parallelism.dp_replicate,
+                   dp_shard=parallelism.dp_shard, tp=parallelism.tp)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(getattr(self, d) for d in DIMS)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def n_tp_groups(self) -> int:
+        return self.world_size // self.tp
+
+    def stride(self, dim: str) -> int:
+        """Rank distance between neighbours along `dim` (tp: 1, dp_shard: tp, ...)."""
+        i = DIMS.index(dim)
+        out = 1
+        for size in self.sizes[i + 1:]:
+            out *= size
+        return out
+
+    def coords(self, rank: int) -> dict[str, int]:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world size {self.world_size}")
+        out: dict[str, int] = {}
+        for dim, size in zip(reversed(DIMS), reversed(self.sizes), strict=True):
+            rank, out[dim] = divmod(rank, size)
+        return {d: out[d] for d in DIMS}
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for dim in DIMS:
+            value = coords.get(dim, 0)
+            if not 0 <= value < getattr(self, dim):
+                raise ValueError(f"{dim}={value} outside 0..{getattr(self, dim) - 1}")
+            rank += value * self.stride(dim)
+        return rank
+
+    def groups(self, dim: str) -> list[tuple[int, ...]]:
+        """Rank groups that differ only along `dim`, each ascending, ordered by first rank."""
+        size, stride = getattr(self, dim), self.stride(dim)
+        block = size * stride
+        return [tuple(base + i * stride for i in range(size))
+                for base in range(self.world_size)
+                if (base % block) < stride]
+
+    def as_dict(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in DIMS}

@@ -1,0 +1,190 @@
+"""Placement solver: rank -> (node, GPU) for a whole job, or a typed failure.
+
+Pure module. Gang semantics: every rank is placed or none is. Steps:
+
+1. Count capacity in TP groups (see `domains.py`): a TP group must fit inside one NVLink
+   domain (or one node, per `tp_within`).
+2. BestFit over the level hierarchy: find the finest level (node, then leaf, spine, ...,
+   then the whole cluster) where one domain holds every TP group, and take the tightest such
+   domains (least capacity, fewest free GPUs) as candidates; inside a candidate, recurse into
+   the tightest child that fits, or take children largest first and close with the tightest.
+3. Pick GPUs inside each node (`gpus.py`), assign ranks (`ranks.py`) and estimate the
+   communication time (`cost.py`); among the (up to four) candidates the cheapest wins, ties
+   going to the BestFit order. Everything is sorted, so the same input gives the same output.
+4. When nothing fits, say why (`diagnose.py`): never fits this cluster, waiting for running
+   jobs, or fragmented. In `preferred` mode the solver then relaxes tp_within to the node,
+   then to best effort, before giving up.
+
+Worked example: node-a (8 free), node-b (4 free, GPUs 4-7 busy), node-c (8 free), all NVSwitch;
+tp=4, dp_replicate=1 -> one TP group; every node holds it, node-b is the tightest (cap 1,
+4 free), so the job lands on node-b GPUs 0-3 and node-a and node-c stay whole for 8-GPU jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.placement.cost import Estimate, ModelDims, estimate_slots
+from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
+from orchestrator.placement.domains import (
+    Domain,
+    Packing,
+    bestfit_key,
+    build_tree,
+    by_level,
+    fill,
+    shape,
+)
+from orchestrator.placement.gpus import pick_node_gpus
+from orchestrator.placement.links import LinkFigures, LinkModel
+from orchestrator.placement.mesh import MeshShape
+from orchestrator.placement.nodeinfo import islands
+from orchestrator.placement.ranks import RankPlacement, assign_ranks
+from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology
+
+__all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "solve"]
+
+_CANDIDATES = 4
+
+
+@dataclass(frozen=True)
+class Constraints:
+    tp_within: str = "nvlink_domain"  # nvlink_domain | node
+    mode: str = "required"  # required | preferred
+    avoid_nodes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.tp_within not in ("nvlink_domain", "node"):
+            raise ValueError(f"tp_within={self.tp_within!r}: use 'nvlink_domain' or 'node'")
+        if self.mode not in ("required", "preferred"):
+            raise ValueError(f"mode={self.mode!r}: use 'required' or 'preferred'")
+        object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
+
+    @classmethod
+    def from_spec(cls, placement: Any) -> Constraints:
+        """From a spec.PlacementConstraints-like object (enums or strings)."""
+        return cls(tp_within=str(getattr(placement.tp_within, "value", placement.tp_within)),
+                   mode=str(getattr(placement.mode, "value", placement.mode)),
+                   avoid_nodes=tuple(placement.avoid_nodes))
+
+
+@dataclass(frozen=True)
+class Placement:
+    mesh: MeshShape
+    ranks: tuple[RankPlacement, ...]  # ordered by rank
+    estimate: Estimate
+    level: str  # finest level holding the whole job: node, leaf, ..., cluster
+    domain: tuple[str, ...]  # that domain's label path (node name last for 'node')
+    tp_within: str
+    relaxed: bool = False  # preferred mode had to break tp_within
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.node for r in self.ranks))
+
+    def gpus_by_node(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for r in self.ranks:
+            out.setdefault(r.node, []).append(r.gpu)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ranks": [r.as_dict() for r in self.ranks], "estimate": self.estimate.as_dict(),
+                "mesh": self.mesh.as_dict(), "level": self.level, "domain": list(self.domain),
+                "tp_within": self.tp_within, "relaxed": self.relaxed, "notes": list(self.notes)}
+
+
+def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints | None = None,
+          model: ModelDims | None = None,
+          figures: LinkFigures | None = None) -> Placement | PlacementFailure:
+    """Place every rank of `mesh` on free GPUs of `cluster`, or say why not (see module doc)."""
+    c = constraints or Constraints()
+    avoid = frozenset(c.avoid_nodes)
+    links = LinkModel(cluster, figures)
+    tries = [Packing(mesh.tp, c.tp_within)]
+    if c.mode == "preferred":
+        if c.tp_within == "nvlink_domain":
+            tries.append(Packing(mesh.tp, "node"))
+        tries.append(Packing(mesh.tp, "node", strict=False))
+    for packing in tries:
+        root = build_tree(cluster, packing, avoid=avoid)
+        units = mesh.world_size // packing.unit
+        if root.cap >= units:
+            placed = _best_candidate(cluster, mesh, root=root, units=units, packing=packing,
+                                     links=links, model=model)
+            relaxed = packing.tp_within != c.tp_within or not packing.strict
+            return _with_notes(placed, relaxed=relaxed, wanted=c.tp_within, links=links)
+    return diagnose(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
+
+
+def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, root: Domain, units: int,
+                    packing: Packing, links: LinkModel, model: ModelDims | None) -> Placement:
+    for level in by_level(root):
+        fits = sorted((d for d in level if d.cap >= units), key=bestfit_key)
+        if fits:
+            break
+    best: Placement | None = None
+    seen: set[tuple[object, ...]] = set()
+    for dom in fits:
+        if len(seen) == _CANDIDATES:
+            break
+        twin = shape(dom)
+        if twin in seen:  # same structure as one already tried: same cost, skip
+            continue
+        seen.add(twin)
+        chosen = _choose_gpus(cluster, fill(dom, units, packing), packing=packing, links=links)
+        ranks = assign_ranks(cluster, mesh, chosen, tp_within=packing.tp_within)
+        est = estimate_slots([(r.node, r.gpu) for r in ranks], mesh=mesh, links=links,
+                             model=model)
+        if best is None or est.total_s < best.estimate.total_s * (1 - 1e-9):
+            best = Placement(mesh=mesh, ranks=ranks, estimate=est, level=dom.level,
+                             domain=dom.path, tp_within=packing.tp_within)
+    assert best is not None
+    return best
+
+
+def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: Packing,
+                 links: LinkModel) -> dict[str, list[int]]:
+    """GPUs per node. Nodes taken whole go first; their indices become the rails the
+    partially used nodes prefer, so data-parallel peers line up on the same local GPU."""
+    pooled = packing.pools and NVLINK_DOMAIN_LEVEL in cluster.levels
+    nodes = {name: links.node(name) for name in counts}
+    whole = [n for n in sorted(counts) if counts[n] >= len(nodes[n].free_gpus)]
+    out = {n: list(nodes[n].free_gpus) for n in whole}
+    rails = frozenset(g for n in whole for g in out[n])
+    for name in sorted(set(counts) - set(whole)):
+        node = nodes[name]
+        out[name] = pick_node_gpus(node, counts[name], packing=packing, links=links, rails=rails,
+                                   pooled=pooled and counts[name] % packing.tp != 0)
+        rails |= frozenset(out[name])
+    return out
+
+
+def _with_notes(p: Placement, *, relaxed: bool, wanted: str, links: LinkModel) -> Placement:
+    """Mark a preferred-mode placement whose TP groups really break `wanted`."""
+    if not relaxed:
+        return p
+    notes = [n for group in p.mesh.groups("tp")
+             if (n := _violation([p.ranks[r] for r in group], wanted=wanted, links=links))]
+    if not notes:
+        return p
+    return Placement(mesh=p.mesh, ranks=p.ranks, estimate=p.estimate, level=p.level,
+                     domain=p.domain, tp_within=p.tp_within, relaxed=True,
+                     notes=(f"preferred tp_within={wanted} relaxed", *notes))
+
+
+def _violation(members: list[RankPlacement], *, wanted: str, links: LinkModel) -> str | None:
+    label = f"TP group of ranks {members[0].rank}-{members[-1].rank}"
+    nodes = sorted({m.node for m in members})
+    if len(nodes) > 1:
+        domains = {links.nvlink_domain(n) for n in nodes}
+        if wanted == "nvlink_domain" and len(domains) == 1 and None not in domains:
+            return None
+        return f"{label} spans nodes {', '.join(nodes)}"
+    if wanted == "nvlink_domain":
+        gpus = {m.gpu for m in members}
+        if not any(gpus <= comp for comp in islands(links.node(nodes[0]).topology)):
+            return f"{label} on {nodes[0]} is not inside one NVLink domain"
+    return None
