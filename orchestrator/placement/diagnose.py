@@ -108,7 +108,8 @@ def diagnose(cluster: ClusterTopology, mesh: MeshShape, *, packing: Packing,
     return fail(FailureReason.FRAGMENTED,
                 f"{lead} {tp} GPUs inside one {word}; the largest free {word} has {size}, on "
                 f"{where} ({now_cap} of {groups} groups fit now although {free} GPUs are free). "
-                f"It starts when running jobs free whole {word}s, or submit with mode=preferred")
+                f"It starts when running jobs free whole {word}s; mode=preferred (--preferred) "
+                f"places it now across domains")
 
 
 def _degrees(mesh: MeshShape) -> str:

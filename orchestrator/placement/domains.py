@@ -105,7 +105,7 @@ def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[s
             path = cluster.path(node)[:depth + 1]
             if path not in index:
                 dom = Domain(level=level, path=path, order=i,
-                             pool=level == NVLINK_DOMAIN_LEVEL and packing.pools)
+                             pool=level == NVLINK_DOMAIN_LEVEL and packing.pools and path[-1] != "")
                 index[path] = dom
                 parent.children.append(dom)
             parent = index[path]

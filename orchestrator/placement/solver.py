@@ -149,7 +149,7 @@ def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: P
                  links: LinkModel) -> dict[str, list[int]]:
     """GPUs per node. Nodes taken whole go first; their indices become the rails the
     partially used nodes prefer, so data-parallel peers line up on the same local GPU."""
-    pooled = packing.pools and NVLINK_DOMAIN_LEVEL in cluster.levels
+    pools = packing.pools and NVLINK_DOMAIN_LEVEL in cluster.levels
     nodes = {name: links.node(name) for name in counts}
     whole = [n for n in sorted(counts) if counts[n] >= len(nodes[n].free_gpus)]
     out = {n: list(nodes[n].free_gpus) for n in whole}
@@ -157,7 +157,7 @@ def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: P
     for name in sorted(set(counts) - set(whole)):
         node = nodes[name]
         out[name] = pick_node_gpus(node, counts[name], packing=packing, links=links, rails=rails,
-                                   pooled=pooled and counts[name] % packing.tp != 0)
+                                   pooled=pools and bool(node.labels.get(NVLINK_DOMAIN_LEVEL)))
         rails |= frozenset(out[name])
     return out
 
