@@ -11,11 +11,14 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -143,10 +146,37 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
                          kwargs={"url": url, "token": token}).start()
     print(f"meshyard serving on {url} (data dir {settings.data_dir})", flush=True)
     try:
-        server.run(sockets=[sock])
+        with _exit_quietly_on_signals():
+            server.run(sockets=[sock])
     finally:
         _remove_server_file(server_file)
         prepared.store.engine.dispose()
+
+
+class _Stopped(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _exit_quietly_on_signals() -> Iterator[None]:
+    """uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal against the
+    handlers it found. Installing these first turns that into a normal return (exit 0, the
+    server file removed) instead of death by signal or a KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        raise _Stopped
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except _Stopped:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _remove_server_file(path: Path) -> None:

@@ -1,0 +1,86 @@
+"""The CLI end to end against a real server: submit, list, status, events, cancel, tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.api.conftest import REPO, Server, run_cli
+
+
+@pytest.fixture(scope="module")
+def cli_server(tmp_path_factory: pytest.TempPathFactory):
+    srv = Server(data_dir=tmp_path_factory.mktemp("cli") / "data").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_cli_job_commands_find_server_through_data_dir(cli_server: Server) -> None:
+    d = cli_server.data_dir
+    spec = REPO / "examples" / "quickstart.yaml"
+    out = run_cli("submit", str(spec), "--submission-id", "cli-1", "--json", data_dir=d)
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)
+    assert job["created"] is True and job["state"] == "QUEUED"
+
+    again = run_cli("submit", str(spec), "--submission-id", "cli-1", data_dir=d)
+    assert again.returncode == 0 and f"{job['id']} already submitted" in again.stdout
+
+    listed = run_cli("list", data_dir=d)
+    assert listed.returncode == 0 and job["id"] in listed.stdout and "QUEUED" in listed.stdout
+
+    status = run_cli("status", job["id"], data_dir=d)
+    assert status.returncode == 0 and "state:    QUEUED" in status.stdout
+
+    cancelled = run_cli("cancel", job["id"], data_dir=d)
+    assert cancelled.returncode == 0 and cancelled.stdout.strip() == f"{job['id']} CANCELLED"
+
+    events = run_cli("events", job["id"], data_dir=d)
+    assert events.returncode == 0
+    assert "None -> QUEUED [SUBMITTED]" in events.stdout
+    assert "QUEUED -> CANCELLED [USER_CANCELLED]" in events.stdout
+
+    only = run_cli("list", "--state", "cancelled", "--json", data_dir=d)
+    assert [j["id"] for j in json.loads(only.stdout)["items"]] == [job["id"]]
+
+
+def test_cli_uses_url_and_token_from_env_and_reports_errors(cli_server: Server,
+                                                            tmp_path: Path) -> None:
+    token = cli_server.create_token("carol")
+    env = {"MESHYARD_URL": cli_server.url, "MESHYARD_TOKEN": token}
+    empty = tmp_path / "elsewhere"  # no server.json, no admin.token here
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nparallelism:\n  tp: 3\n")
+    out = run_cli("submit", str(bad), data_dir=empty, env=env)
+    assert out.returncode == 1
+    assert "HTTP 422" in out.stderr and "parallelism.tp: tp=3 does not divide" in out.stderr
+
+    missing = run_cli("status", "job-doesnotexist", data_dir=empty, env=env)
+    assert missing.returncode == 1 and "HTTP 404" in missing.stderr
+
+    denied = run_cli("list", data_dir=empty, env={**env, "MESHYARD_TOKEN": "msy_wrong"})
+    assert denied.returncode == 1 and "HTTP 401" in denied.stderr
+
+    down = run_cli("list", data_dir=empty, env={**env, "MESHYARD_URL": "http://127.0.0.1:9"})
+    assert down.returncode == 2 and "cannot reach the server" in down.stderr
+
+
+def test_token_create_and_db_upgrade_work_on_the_database(tmp_path: Path) -> None:
+    d = tmp_path / "fresh"
+    up = run_cli("db", "upgrade", data_dir=d)
+    assert up.returncode == 0 and (d / "meshyard.db").exists()
+    made = run_cli("token", "create", "--user", "dave", "--admin", data_dir=d)
+    assert made.returncode == 0 and made.stdout.strip().startswith("msy_")
+
+    from orchestrator.store import open_store
+
+    store = open_store(f"sqlite:///{d / 'meshyard.db'}", migrate=False)
+    try:
+        user = store.authenticate(made.stdout.strip())
+        assert user is not None and user.name == "dave" and user.is_admin
+    finally:
+        store.close()
