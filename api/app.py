@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.routes import cluster, health, job_data, jobs
+from api.routes import cluster, health, job_data, jobs, ui
 from api.schemas import Problem
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     for module in (jobs, job_data, cluster):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
+    ui.install(app)  # the web dashboard (HTML pages + static files)
     # add_middleware puts each new one outermost: metrics see the 413s the limit produces.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

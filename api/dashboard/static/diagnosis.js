@@ -1,0 +1,124 @@
+// Hang diagnosis view: the newest DiagnosisReport of the job (orchestrator/watchdog/report.py).
+"use strict";
+
+window.MYDiagnosis = (function () {
+  const { el, clear, fmtTime } = window.MY;
+
+  function dash(v) { return v === null || v === undefined ? "–" : String(v); }
+
+  function where(loc) {
+    if (!loc) return "";
+    const parts = [];
+    if (loc.node) parts.push(loc.node + (loc.gpu !== null && loc.gpu !== undefined ? " GPU " + loc.gpu : ""));
+    for (const [k, v] of Object.entries(loc.mesh || {})) parts.push(k + " " + v);
+    for (const [k, v] of Object.entries(loc.labels || {})) parts.push(k + "=" + v);
+    return parts.join(", ");
+  }
+
+  function pgCell(pgs) {
+    const cell = el("td", { class: "pgs" });
+    for (const p of pgs || []) {
+      const stuck = p.last_enqueued !== null && p.last_enqueued !== p.last_completed;
+      cell.appendChild(el("div", { class: stuck ? "pg stuck" : "pg" },
+        `${p.pg}: ${dash(p.last_enqueued)} / ${dash(p.last_completed)}` + (p.pending_op ? ` (${p.pending_op})` : "")));
+    }
+    return cell;
+  }
+
+  function evidenceRow(e, culprits) {
+    const errs = [...(e.exit_info ? ["exit: " + e.exit_info] : []), ...(e.nccl_errors || [])];
+    return el("tr", { class: culprits.has(e.rank) ? "culprit" : "", dataset: { rank: String(e.rank) } },
+      el("td", { class: "num" }, String(e.rank)), el("td", {}, e.state), el("td", { class: "num" }, dash(e.step)),
+      el("td", {}, where(e.location)), pgCell(e.pgs), el("td", { class: "mono small" }, e.top_of_stack || "—"),
+      el("td", { class: "small" }, errs.join("; ") || "—"));
+  }
+
+  function stacks(report, culprits) {
+    const box = el("div", {});
+    const full = (report.details && report.details.stacks) || {};
+    const ev = [...(report.evidence || [])].sort((a, b) =>
+      (culprits.has(b.rank) - culprits.has(a.rank)) || a.rank - b.rank);
+    for (const e of ev) {
+      const text = full[String(e.rank)] || e.top_of_stack;
+      if (!text && !e.exit_info) continue;
+      const d = el("details", { class: culprits.has(e.rank) ? "stack culprit" : "stack" },
+        el("summary", {}, `rank ${e.rank}` + (culprits.has(e.rank) ? " (culprit)" : "") + ` — ${e.state}`),
+        el("pre", {}, [text, e.exit_info && "exit: " + e.exit_info].filter(Boolean).join("\n")));
+      if (culprits.has(e.rank)) d.open = true;
+      box.appendChild(d);
+    }
+    if (!box.firstChild) box.appendChild(el("p", { class: "muted" }, "No stacks were captured."));
+    const raw = el("details", { class: "stack" }, el("summary", {}, "analysis details (raw)"),
+      el("pre", {}, JSON.stringify(report.details || {}, null, 2)));
+    box.appendChild(raw);
+    return box;
+  }
+
+  function render(jobId, items) {
+    const section = document.getElementById("diagnosis");
+    if (!items.length) { section.hidden = true; return new Set(); }
+    const latest = items[items.length - 1];
+    const r = latest.report || {};
+    const culprits = new Set(latest.culprit_ranks || []);
+    section.hidden = false;
+    const verdict = document.getElementById("diag-verdict");
+    verdict.textContent = latest.verdict;
+    verdict.className = "badge verdict v-" + String(latest.verdict).toLowerCase();
+    document.getElementById("diag-meta").textContent =
+      `attempt ${latest.attempt} · ${fmtTime(latest.created_at)}` +
+      (r.confidence !== undefined ? ` · confidence ${Number(r.confidence).toFixed(2)}` : "");
+    document.getElementById("diag-summary").textContent = latest.summary;
+    const cul = document.getElementById("diag-culprits");
+    clear(cul);
+    if (!culprits.size) cul.textContent = "none identified";
+    for (const c of culprits) cul.appendChild(el("a", { href: "#rank-" + c, class: "culprit-chip" }, "rank " + c));
+
+    const hw = document.getElementById("diag-hardware");
+    clear(hw);
+    if ((r.suspect_hardware || []).length) {
+      hw.appendChild(el("h3", {}, "Suspect hardware"));
+      const ul = el("ul", {});
+      for (const s of r.suspect_hardware) ul.appendChild(el("li", {}, `${s.level} ${s.name} (ranks ${(s.ranks || []).join(", ")}): ${s.reason}`));
+      hw.appendChild(ul);
+    }
+    const recs = document.getElementById("diag-recs");
+    clear(recs);
+    for (const t of r.recommendations || []) recs.appendChild(el("li", {}, t));
+    if (!recs.firstChild) recs.appendChild(el("li", { class: "muted" }, "none"));
+
+    const mm = document.getElementById("diag-mismatches");
+    clear(mm);
+    for (const m of r.mismatches || []) {
+      const dev = Object.entries(m.actual || {}).map(([k, v]) => `rank ${k}: ${v}`).join("; ");
+      mm.appendChild(el("tr", {}, el("td", {}, m.pg), el("td", { class: "num" }, dash(m.seq)), el("td", {}, m.field),
+        el("td", { class: "mono small" }, m.expected), el("td", { class: "mono small" }, dev)));
+    }
+    if (!mm.firstChild) mm.appendChild(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "none")));
+
+    const ev = document.getElementById("diag-evidence");
+    clear(ev);
+    for (const e of r.evidence || []) ev.appendChild(evidenceRow(e, culprits));
+    const st = document.getElementById("diag-stacks");
+    clear(st);
+    st.appendChild(stacks(r, culprits));
+
+    const arts = document.getElementById("diag-artifacts");
+    clear(arts);
+    (r.artifacts || []).forEach((path, i) => arts.appendChild(el("li", {},
+      el("a", { href: `/jobs/${encodeURIComponent(jobId)}/artifacts/${latest.id}/${i}`, class: "mono" }, path))));
+    if (!arts.firstChild) arts.appendChild(el("li", { class: "muted" }, "none"));
+
+    const older = document.getElementById("diag-older");
+    clear(older);
+    if (items.length > 1) {
+      const d = el("details", {}, el("summary", {}, `${items.length - 1} earlier diagnosis(es)`));
+      for (const it of items.slice(0, -1).reverse()) {
+        d.appendChild(el("p", {}, `attempt ${it.attempt} · ${it.verdict} · ranks ${(it.culprit_ranks || []).join(", ") || "–"}: ${it.summary}`));
+      }
+      older.appendChild(d);
+    }
+    return culprits;
+  }
+
+  return { render };
+})();

@@ -1,0 +1,224 @@
+"""View models the dashboard's server-rendered parts need beyond the /v1 API.
+
+Kept out of the route module so each piece is testable without HTTP: the communication
+signature of a job (from the placement cost model), the cluster's level tree, and which job
+holds which GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from orchestrator.placement.cost import ModelDims, communication_signature, estimate_slots
+from orchestrator.placement.links import LinkModel
+from orchestrator.placement.mesh import MeshShape
+from orchestrator.spec import SpecValidationError, parse_spec
+from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
+from orchestrator.topology.declared import parse_cluster_doc
+
+log = logging.getLogger(__name__)
+
+
+def spec_yaml(spec: dict[str, Any]) -> str:
+    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def human_bytes(n: int) -> str:
+    """`human_bytes(33554432) == '32.0 MiB'`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+@dataclass(frozen=True)
+class CommRowView:
+    dimension: str
+    participants: int
+    primitive: str
+    bytes_per_call: str
+    calls_per_step: int
+    overlap: str
+    est_time: str  # the dimension's estimated time per step (first row of a dimension only)
+    bottleneck: str
+
+
+@dataclass(frozen=True)
+class CommView:
+    rows: tuple[CommRowView, ...]
+    note: str  # why there is no time estimate, or which links bound it
+    total: str
+
+
+def cluster_levels(nodes: Sequence[NodeRecord]) -> tuple[str, ...]:
+    """Label levels above the node, finest first: a stored `levels` list if the runtime wrote
+    one into a node's topology, else the label keys in the order the nodes list them."""
+    for n in nodes:
+        stored = n.topology.get("levels") if isinstance(n.topology, dict) else None
+        if isinstance(stored, list) and all(isinstance(x, str) for x in stored):
+            return tuple(stored)
+    seen: dict[str, None] = {}
+    for n in nodes:
+        for key in n.labels:
+            if "/" not in key and key != "node":  # ray.io/node-id and friends are not levels
+                seen.setdefault(str(key), None)
+    return tuple(seen)
+
+
+def _cluster_from_nodes(nodes: Sequence[NodeRecord]) -> Any:
+    levels = cluster_levels(nodes)
+    doc = {"levels": list(levels),
+           "nodes": [{"name": n.name, "labels": {k: str(n.labels.get(k, "")) for k in levels},
+                      **({"topology": _topology_doc(n.topology)} if n.topology.get("gpus")
+                         else {"gpus": n.gpus})}
+                     for n in nodes]}
+    return parse_cluster_doc(doc)
+
+
+def _topology_doc(topology: dict[str, Any]) -> dict[str, Any]:
+    return {k: topology[k] for k in ("gpus", "nics", "links") if k in topology}
+
+
+def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
+              nodes: Sequence[NodeRecord]) -> tuple[dict[str, Any], str]:
+    """Per-dimension estimate from where the ranks run, or ({}, why not)."""
+    if len(ranks) != mesh.world_size:
+        return {}, "Estimated times appear once every rank is placed."
+    if not nodes or any(r.node is None or r.gpu is None for r in ranks):
+        return {}, "No estimate: ranks run without GPUs or the cluster topology is unknown."
+    try:
+        cluster = _cluster_from_nodes(nodes)
+        slots = [(r.node, r.gpu) for r in sorted(ranks, key=lambda r: r.rank)]
+        est = estimate_slots(slots, mesh=mesh, links=LinkModel(cluster), model=dims)
+    except (ValueError, KeyError) as exc:
+        log.info("no communication estimate: %s", exc)
+        return {}, f"No estimate: {exc}"
+    out = {d.dimension: d for d in est.dimensions}
+    return out, (f"Estimated per step on the current placement: {human_seconds(est.total_s)} "
+                 f"in total, {human_seconds(est.exposed_s)} not overlapped with compute.")
+
+
+def comm_signature(job: JobRecord, *, ranks: Sequence[RankRecord],
+                   nodes: Sequence[NodeRecord]) -> CommView | None:
+    """The cost model's table for this job; None when its spec no longer parses."""
+    try:
+        spec = parse_spec(job.spec)
+    except SpecValidationError:
+        return None
+    mesh = MeshShape.from_parallelism(spec.parallelism)
+    dims = ModelDims.from_spec(spec)
+    rows = communication_signature(mesh, dims)
+    est, note = _estimate(mesh, dims, ranks, nodes)
+    views: list[CommRowView] = []
+    shown: set[str] = set()
+    for r in rows:
+        d = est.get(r.dimension)
+        first = r.dimension not in shown
+        shown.add(r.dimension)
+        views.append(CommRowView(
+            dimension=r.dimension, participants=r.participants, primitive=r.primitive,
+            bytes_per_call=human_bytes(r.bytes_per_call), calls_per_step=r.calls_per_step,
+            overlap=f"{r.overlap:.0%}",
+            est_time=human_seconds(d.seconds) if (d is not None and first) else "",
+            bottleneck=(f"{d.bottleneck} ({d.bottleneck_gbs:.0f} GB/s)"
+                        if (d is not None and first) else "")))
+    total = human_seconds(sum(d.seconds for d in est.values())) if est else "—"
+    if not rows:
+        note = "A single rank: no communication."
+    return CommView(rows=tuple(views), note=note, total=total)
+
+
+@dataclass
+class TreeNode:
+    """One label value at one level, with its children (finer levels) or its nodes."""
+
+    level: str
+    value: str
+    children: list[TreeNode] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+
+
+def level_tree(nodes: Sequence[NodeRecord], levels: Sequence[str]) -> TreeNode:
+    """Coarsest level at the top: root → spine → leaf → node names."""
+    root = TreeNode(level="cluster", value="cluster")
+    for n in nodes:
+        at = root
+        for level in reversed(levels):
+            value = str(n.labels.get(level, "")) or "(none)"
+            nxt = next((c for c in at.children if c.value == value and c.level == level), None)
+            if nxt is None:
+                nxt = TreeNode(level=level, value=value)
+                at.children.append(nxt)
+            at = nxt
+        at.nodes.append(n.name)
+    return root
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    gpu: int
+    job_id: str | None  # None: free (or held by a job the viewer may not see: see `hidden`)
+    job_name: str
+    rank: int | None
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    alive: bool
+    labels: dict[str, Any]
+    gpus: tuple[GpuUse, ...]
+    cpus: float
+    used: int
+    nvlink_pairs: int
+
+
+def _nvlink_pairs(topology: dict[str, Any]) -> int:
+    return sum(1 for link in topology.get("links", []) or []
+               if str(link.get("type", "")).startswith("NV"))
+
+
+def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[RankRecord]]], *,
+              viewer: UserRecord) -> dict[tuple[str, int], GpuUse]:
+    """(node, gpu) → who holds it, from the ranks of active jobs."""
+    out: dict[tuple[str, int], GpuUse] = {}
+    for job, ranks in jobs:
+        visible = viewer.is_admin or job.owner == viewer.name
+        for r in ranks:
+            if r.node is None or r.gpu is None:
+                continue
+            out[(r.node, r.gpu)] = GpuUse(gpu=r.gpu, job_id=job.id if visible else None,
+                                          job_name=job.name if visible else "another user's job",
+                                          rank=r.rank if visible else None, hidden=not visible)
+    return out
+
+
+def node_views(nodes: Sequence[NodeRecord],
+               usage: dict[tuple[str, int], GpuUse]) -> list[NodeView]:
+    views = []
+    for n in nodes:
+        count = max(n.gpus, len(n.topology.get("gpus", []) or []))
+        gpus = tuple(usage.get((n.name, g), GpuUse(gpu=g, job_id=None, job_name="", rank=None))
+                     for g in range(count))
+        used = sum(1 for g in gpus if g.job_id is not None or g.hidden)
+        views.append(NodeView(name=n.name, alive=n.alive, labels=dict(n.labels), gpus=gpus,
+                              cpus=n.cpus, used=used, nvlink_pairs=_nvlink_pairs(n.topology)))
+    return views

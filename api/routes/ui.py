@@ -1,0 +1,198 @@
+"""The web dashboard's HTML routes: `/`, `/login`, `/logout`, `/jobs/{id}`, `/cluster`,
+`/static/{file}` and artifact downloads.
+
+Pages are server-rendered (Jinja2, autoescaped); their live parts are drawn by the static
+scripts from the /v1 API, which accepts the session cookie (see api/dashboard/session.py for
+the cookie and CSRF rules). Every response here carries a strict Content-Security-Policy:
+scripts and styles come only from /static, so nothing inline ever runs.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from api.dashboard import views
+from api.dashboard.session import (
+    COOKIE_MAX_AGE_S,
+    COOKIE_NAME,
+    CSRF_FIELD,
+    cookie_token,
+    csrf_problem,
+    csrf_token,
+    origin_ok,
+)
+from api.deps import StoreDep
+from api.errors import NotFound
+from orchestrator.store.records import UserRecord
+
+DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
+STATIC_DIR = DASHBOARD_DIR / "static"
+templates = Jinja2Templates(directory=str(DASHBOARD_DIR / "templates"))
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+MAX_LOGIN_BODY = 4096
+
+router = APIRouter(include_in_schema=False)
+
+
+class Session:
+    """The signed-in browser: its user, and the CSRF token its pages send back."""
+
+    def __init__(self, user: UserRecord, token: str) -> None:
+        self.user = user
+        self.csrf = csrf_token(token)
+
+
+class LoginRequired(Exception):
+    """Raised by page dependencies; answered with a redirect to /login."""
+
+
+def _session(request: Request, store: StoreDep) -> Session:
+    token = cookie_token(request)
+    user = store.authenticate(token) if token else None
+    if user is None or token is None:
+        raise LoginRequired()
+    return Session(user, token)
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+
+
+def secure(response: Response) -> Response:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+def page(request: Request, name: str, *, status: int = 200, **context: Any) -> Response:
+    response = templates.TemplateResponse(request, name, context, status_code=status)
+    return secure(response)
+
+
+def login_redirect(request: Request, exc: Exception) -> Response:
+    return secure(RedirectResponse("/login", status_code=303))
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, store: StoreDep) -> Response:
+    token = cookie_token(request)
+    if token and store.authenticate(token):
+        return secure(RedirectResponse("/", status_code=303))
+    return page(request, "login.html", error=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, store: StoreDep) -> Response:
+    """Form post (never a query string: tokens stay out of URLs and logs)."""
+    if not origin_ok(request):
+        return page(request, "login.html", status=403, error="Cross-site login refused.")
+    body = await request.body()
+    if len(body) > MAX_LOGIN_BODY:
+        return page(request, "login.html", status=413, error="Token too long.")
+    token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0].strip()
+    user = store.authenticate(token) if token else None
+    if user is None:
+        return page(request, "login.html", status=401,
+                    error="That token is not valid. Create one with `meshyard token create`.")
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE_NAME, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return secure(response)
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    token = cookie_token(request)
+    if token is not None:
+        form = parse_qs((await request.body())[:MAX_LOGIN_BODY].decode("utf-8", "replace"))
+        problem = csrf_problem(request, token, submitted=form.get(CSRF_FIELD, [""])[0])
+        if problem is not None:
+            return secure(Response(problem, status_code=403, media_type="text/plain"))
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+    return secure(response)
+
+
+@router.get("/", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep) -> Response:
+    return page(request, "jobs.html", session=session, active="jobs")
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep) -> Response:
+    job = store.get_job(job_id[:100], viewer=session.user)
+    if job is None:
+        return page(request, "not_found.html", status=404, session=session,
+                    what=f"job {job_id[:100]}")
+    ranks = store.list_ranks(job.id)
+    nodes = store.list_nodes()
+    return page(request, "job.html", session=session, active="jobs", job=job,
+                spec_yaml=views.spec_yaml(job.spec),
+                comm=views.comm_signature(job, ranks=ranks, nodes=nodes),
+                levels=views.cluster_levels(nodes))
+
+
+@router.get("/cluster", response_class=HTMLResponse)
+def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Response:
+    nodes = store.list_nodes()
+    levels = views.cluster_levels(nodes)
+    active = [(job, store.list_ranks(job.id)) for job in store.active_jobs()]
+    usage = views.gpu_usage(active, viewer=session.user)
+    node_views = views.node_views(nodes, usage)
+    return page(request, "cluster.html", session=session, active="cluster", levels=levels,
+                tree=views.level_tree(nodes, levels), nodes=node_views,
+                total=sum(len(n.gpus) for n in node_views if n.alive),
+                used=sum(n.used for n in node_views if n.alive))
+
+
+@router.get("/jobs/{job_id}/artifacts/{diagnosis_id}/{index}")
+def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
+             store: StoreDep, request: Request) -> Response:
+    """Serves only a path a stored diagnosis lists, and only from under the data dir: the URL
+    names an index, never a path."""
+    job = store.get_job(job_id[:100], viewer=session.user)
+    found = [d for d in store.list_diagnoses(job.id)
+             if d.id == diagnosis_id] if job is not None else []
+    paths = found[0].report.get("artifacts") or [] if found else []
+    if not 0 <= index < len(paths):
+        raise NotFound("no such artifact")
+    data_dir = request.app.state.settings.data_dir.resolve()
+    path = Path(str(paths[index]))
+    path = (path if path.is_absolute() else data_dir / path).resolve()
+    if not path.is_relative_to(data_dir) or not path.is_file():
+        raise NotFound(f"artifact {paths[index]!r} is not available on this server")
+    return secure(FileResponse(path, media_type="text/plain; charset=utf-8",
+                               filename=path.name, content_disposition_type="attachment"))
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    path = (STATIC_DIR / name).resolve()
+    if path.parent != STATIC_DIR.resolve() or not path.is_file():
+        raise NotFound(f"static file {name!r} not found")
+    media = STATIC_TYPES.get(path.suffix) or mimetypes.guess_type(path.name)[0] or "text/plain"
+    response = FileResponse(path, media_type=media)
+    response.headers["Cache-Control"] = "no-cache"
+    return secure(response)
+
+
+def install(app: Any) -> None:
+    """Registers the pages and the redirect to /login for signed-out browsers."""
+    app.include_router(router)
+    app.add_exception_handler(LoginRequired, login_redirect)
