@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -16,6 +17,8 @@ from prometheus_client.registry import Collector
 
 from orchestrator.lifecycle import JobState
 
+log = logging.getLogger(__name__)
+
 # The *_created series double the exposition size and no dashboard here reads them.
 disable_created_metrics()
 
@@ -29,12 +32,25 @@ class JobStateCollector(Collector):
     def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
         self._counts = counts
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Registering a collector without describe() would call collect(), i.e. query the
+        # database while the app is being built.
+        yield self._family()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("meshyard_jobs", "Jobs by lifecycle state.", labels=["state"])
-        counts = self._counts()
+        try:
+            counts = self._counts()
+        except Exception:  # a scrape must still return the HTTP metrics when the DB is down
+            log.warning("job counts unavailable for /metrics", exc_info=True)
+            return
+        family = self._family()
         for state in JobState:
             family.add_metric([state.value], float(counts.get(state.value, 0)))
         yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("meshyard_jobs", "Jobs by lifecycle state.", labels=["state"])
 
 
 class HttpMetrics:

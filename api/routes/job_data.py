@@ -59,8 +59,11 @@ def list_metrics(job: JobDep, store: StoreDep,
 @router.get("/logs", operation_id="listJobLogs", response_model=LogList)
 def list_logs(job: JobDep, store: StoreDep, after: After = 0,
               rank: Annotated[int | None, Query(ge=0)] = None,
-              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> LogList:
-    lines = store.list_logs(job.id, rank=rank, after=after, limit=limit)
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+              tail: Annotated[int | None, Query(ge=1, le=10_000,
+                                                description="Only the last N lines.")] = None,
+              ) -> LogList:
+    lines = store.list_logs(job.id, rank=rank, after=after, limit=limit, tail=tail)
     return LogList(items=[LogLine.model_validate(line) for line in lines])
 
 
