@@ -95,7 +95,7 @@ def _try_nvml(nvml_module: Any, errors: list[str]) -> tuple[Any, ...] | None:
     try:
         return read_nvml(None if nvml_module == AUTO else nvml_module)
     except NvmlUnavailable as exc:
-        if "not installed" not in str(exc):
+        if not exc.missing:
             errors.append(f"nvml: {exc}")
         return None
     except Exception as exc:  # a driver/binding mismatch must not break discovery

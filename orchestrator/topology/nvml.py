@@ -23,7 +23,14 @@ _FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "co
 
 
 class NvmlUnavailable(RuntimeError):
-    """nvidia-ml-py is not installed, or the driver library cannot be loaded."""
+    """nvidia-ml-py is not installed, or the driver library cannot be loaded.
+
+    `missing` is True when there is simply no NVML here (a CPU node), as opposed to an
+    NVML that is present and failing (a driver problem worth reporting)."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,8 @@ def import_pynvml() -> Any:
     try:
         import pynvml  # optional extra: nvidia-ml-py
     except ImportError as exc:
-        raise NvmlUnavailable("nvidia-ml-py is not installed (pip install 'meshyard[nvml]')"
-                              ) from exc
+        raise NvmlUnavailable("nvidia-ml-py is not installed (pip install 'meshyard[nvml]')",
+                              missing=True) from exc
     return pynvml
 
 
@@ -150,7 +157,8 @@ def read_nvml(nvml: Any | None = None) -> tuple[NvmlGpu, ...]:
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        raise NvmlUnavailable(f"NVML could not start: {exc}") from exc
+        missing = "LibraryNotFound" in type(exc).__name__ or "Library Not Found" in str(exc)
+        raise NvmlUnavailable(f"NVML could not start: {exc}", missing=missing) from exc
     try:
         return tuple(_read_gpu(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount())))
     finally:

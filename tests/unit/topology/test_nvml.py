@@ -182,15 +182,25 @@ def test_init_failure_is_nvml_unavailable():
         def nvmlInit(self):
             raise FakeNVMLError("NVML Shared Library Not Found")
 
-    with pytest.raises(NvmlUnavailable, match="NVML could not start"):
+    with pytest.raises(NvmlUnavailable, match="NVML could not start") as exc:
         read_nvml(Broken([]))
+    assert exc.value.missing is True  # no library: a CPU node, not a fault
+
+    class DriverDown(FakeNvml):
+        def nvmlInit(self):
+            raise FakeNVMLError("Driver Not Loaded")
+
+    with pytest.raises(NvmlUnavailable) as exc:
+        read_nvml(DriverDown([]))
+    assert exc.value.missing is False
 
 
 def test_real_pynvml_without_driver_is_unavailable():
     pynvml = pytest.importorskip("pynvml")  # the optional extra; installed in the dev venv
     try:
         gpus = read_nvml(pynvml)
-    except NvmlUnavailable:
+    except NvmlUnavailable as exc:
+        assert exc.missing, exc  # no driver library on a CPU machine
         return
     assert all(g.pci_bus_id for g in gpus)  # a machine with a driver: real readings
 
