@@ -1,0 +1,363 @@
+"""Evidence collection inside a worker process, from a SIDE thread, while the training thread
+is blocked inside a collective.
+
+What is collected per rank (issue 6 §2):
+- the Flight Recorder dump: `_dump_nccl_trace` when NCCL is built and in use, else
+  `_dump_fr_trace` (gloo), else the dump file NCCL's watchdog wrote
+  (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` + rank);
+- Python stacks of every thread (sys._current_frames), and the torch.distributed call the
+  training thread is blocked in, read from its frame locals (op, tensor sizes, dtype, peer) —
+  gloo records no send/recv in the Flight Recorder, so this is the only p2p evidence there;
+- py-spy native stacks when the binary is installed;
+- the tail of this rank's NCCL_DEBUG_FILE, with the NCCL warnings parsed out.
+
+`announce_collective()` is the other half: called right BEFORE a risky collective it leaves a
+small file naming the op, sizes and the seq it will get, because gloo SIGABRTs the process on a
+size mismatch and a dead process answers nothing.
+
+Artifacts go under run_dir/diagnostics/<stamp>/rank<N>/; `collect_evidence()` returns the
+JSON-able summary `orchestrator.watchdog.inputs.RankEvidence.from_summary()` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from orchestrator.watchdog.logs import parse_lines
+
+_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
+_P2P_OPS = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
+_GROUP_PEER = {"send": "group_dst", "recv": "group_src", "isend": "group_dst",
+               "irecv": "group_src"}
+_COLLECTIVE_OPS = {
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
+    "scatter", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+    "_all_gather_base", "_reduce_scatter_base",
+}
+_MAX_SUMMARY_ENTRIES = 500
+_training_thread: int | None = None
+
+
+def mark_training_thread(ident: int | None = None) -> None:
+    """Register the thread that runs the training loop (Ray actors do not run it on the
+    process's main thread). Without it the thread inside torch.distributed, else main, is used."""
+    global _training_thread
+    _training_thread = ident if ident is not None else threading.get_ident()
+
+
+def fr_dump_bytes() -> bytes | None:
+    """The Flight Recorder dump as pickle bytes, or None when no recorder answers."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    nccl = getattr(c10d, "_dump_nccl_trace", None)
+    if nccl is not None and torch.cuda.is_available():
+        try:
+            return nccl()
+        except Exception:  # noqa: BLE001 - fall through to the generic recorder
+            pass
+    dump = getattr(c10d, "_dump_fr_trace", None)
+    if dump is not None:
+        try:
+            return dump()
+        except Exception:  # noqa: BLE001
+            pass
+    return _dump_file_bytes()
+
+
+def _dump_file_bytes() -> bytes | None:
+    prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    rank = os.environ.get("RANK")
+    if not prefix or rank is None:
+        return None
+    try:
+        return Path(f"{prefix}{rank}").read_bytes()
+    except OSError:
+        return None
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, str | int | float | bool) or v is None:
+        return v
+    return str(v)
+
+
+def _trim_dump(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the newest entries with their top frames: the summary travels over Ray."""
+    out = {k: v for k, v in raw.items() if k != "entries"}
+    entries = list(raw.get("entries") or ())[-_MAX_SUMMARY_ENTRIES:]
+    out["entries"] = [{**e, "frames": list(e.get("frames") or ())[:4]} for e in entries]
+    return _jsonable(out)
+
+
+def _target_thread(frames: Mapping[int, FrameType]) -> int:
+    if _training_thread in frames:
+        return _training_thread  # type: ignore[return-value]
+    for ident, frame in frames.items():
+        if ident != threading.get_ident() and _c10d_frame(frame) is not None:
+            return ident
+    return threading.main_thread().ident or next(iter(frames))
+
+
+def _c10d_frame(frame: FrameType | None) -> FrameType | None:
+    """Outermost torch.distributed API frame (all_reduce, recv, ...) on a thread's stack."""
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_C10D_FILE) and (
+                code.co_name in _COLLECTIVE_OPS or code.co_name in _P2P_OPS):
+            found = frame
+        frame = frame.f_back
+    return found
+
+
+def _group_id(group: Any) -> str:
+    if group is None:
+        return "0"
+    return str(getattr(group, "group_name", None) or "0")
+
+
+def _tensor_meta(t: Any) -> tuple[list[list[int]], list[str]]:
+    if t is None:
+        return [], []
+    tensors = t if isinstance(t, list | tuple) else [t]
+    sizes, dtypes = [], []
+    for x in tensors:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            sizes.append([int(s) for s in x.shape])
+            dtypes.append(str(x.dtype))
+    return sizes, dtypes
+
+
+def pending_op(frame: FrameType | None) -> dict[str, Any] | None:
+    """The torch.distributed call a thread is blocked in, from the frame's locals."""
+    f = _c10d_frame(frame)
+    if f is None:
+        return None
+    name = f.f_code.co_name
+    loc = dict(f.f_locals)
+    tensor = loc.get("tensor", loc.get("tensor_list", loc.get("output_tensor")))
+    sizes, dtypes = _tensor_meta(tensor)
+    op: dict[str, Any] = {"op": name, "pg": _group_id(loc.get("group")), "seq": None,
+                          "is_p2p": name in _P2P_OPS, "peer": None, "sizes": sizes,
+                          "dtypes": dtypes, "source": "stack"}
+    if name in _P2P_OPS:
+        peer = loc.get(_P2P_OPS[name])
+        if peer is None and loc.get(_GROUP_PEER[name]) is not None:
+            peer = _global_rank(loc.get("group"), loc[_GROUP_PEER[name]])
+        op["peer"] = int(peer) if peer is not None else None
+    return op
+
+
+def _global_rank(group: Any, group_rank: int) -> int | None:
+    try:
+        import torch.distributed as dist
+
+        return int(dist.get_global_rank(group, group_rank)) if group is not None else group_rank
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def thread_stacks() -> tuple[str, dict[str, Any] | None, str | None]:
+    """(all threads' stacks as text, pending op of the training thread, its top frame)."""
+    frames = sys._current_frames()
+    target = _target_thread(frames)
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    top = None
+    for ident, frame in frames.items():
+        label = "training" if ident == target else "thread"
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"--- {label} {names.get(ident, '?')} ({ident}) ---\n{stack}")
+        if ident == target:
+            summary = traceback.extract_stack(frame)
+            if summary:
+                last = summary[-1]
+                top = f"{last.name} at {last.filename}:{last.lineno}"
+    return "\n".join(parts), pending_op(frames.get(target)), top
+
+
+def pyspy_dump(timeout_s: float = 10.0) -> str | None:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, "dump", "--native", "--pid", str(os.getpid())],
+                             capture_output=True, text=True, timeout=timeout_s, check=False)
+        return res.stdout + res.stderr
+    except (OSError, subprocess.SubprocessError) as ex:
+        return f"py-spy failed: {ex}"
+
+
+def nccl_debug_path() -> Path | None:
+    """This process's NCCL_DEBUG_FILE with %h (host) and %p (pid) expanded, when it exists."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return None
+    p = Path(pattern.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
+    return p if p.exists() else None
+
+
+def tail(path: Path, max_bytes: int = 64 * 1024) -> str:
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - max_bytes))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _log_errors(text: str) -> list[str]:
+    kinds = {"nccl_warn", "torch_watchdog_timeout", "gloo_timeout", "collective_mismatch"}
+    return [e.describe() for e in parse_lines(text.splitlines()) if e.kind in kinds][-20:]
+
+
+def stamp_now() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+
+
+def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str | None = None,
+                     step: int | None = None, phase: str | None = None,
+                     log_paths: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Collect this rank's evidence; never raises (a failing piece is reported in `errors`).
+
+    The controller passes one `stamp` to every rank so a diagnosis round shares a folder.
+    """
+    t0 = time.time()
+    out_dir = Path(run_dir) / "diagnostics" / (stamp or stamp_now()) / f"rank{rank}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+                               "time_s": t0, "step": step, "phase": phase, "alive": True,
+                               "errors": [], "artifacts": []}
+    _piece(summary, "fr_dump", lambda: _collect_fr(out_dir, summary))
+    _piece(summary, "stacks", lambda: _collect_stacks(out_dir, summary))
+    _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
+    _piece(summary, "logs", lambda: _collect_logs(out_dir, summary, log_paths))
+    ann = read_announcement(run_dir, rank)
+    if ann is not None:
+        summary["pending"] = [*summary.get("pending", []), ann]
+    summary["collect_s"] = round(time.time() - t0, 3)
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary, default=str))
+    summary["artifacts"].append(str(path))
+    return summary
+
+
+def _piece(summary: dict[str, Any], name: str, fn: Any) -> None:
+    try:
+        fn()
+    except Exception as ex:  # noqa: BLE001 - one broken source must not lose the others
+        summary["errors"].append(f"{name}: {type(ex).__name__}: {ex}")
+
+
+def _collect_fr(out_dir: Path, summary: dict[str, Any]) -> None:
+    data = fr_dump_bytes()
+    if data is None:
+        summary["fr_dump"] = None
+        return
+    (out_dir / "fr_trace.pkl").write_bytes(data)
+    summary["artifacts"].append(str(out_dir / "fr_trace.pkl"))
+    raw = pickle.loads(data)  # noqa: S301 - bytes produced by torch in this process
+    summary["fr_dump"] = _trim_dump(raw) if isinstance(raw, Mapping) else None
+
+
+def _collect_stacks(out_dir: Path, summary: dict[str, Any]) -> None:
+    text, pending, top = thread_stacks()
+    (out_dir / "stacks.txt").write_text(text)
+    summary["artifacts"].append(str(out_dir / "stacks.txt"))
+    marker = "--- training"
+    summary["main_stack"] = text[text.find(marker):].split("\n--- ", 1)[0] \
+        if marker in text else None
+    summary["top_of_stack"] = top
+    summary["pending"] = [pending] if pending else []
+
+
+def _collect_pyspy(out_dir: Path, summary: dict[str, Any]) -> None:
+    text = pyspy_dump()
+    if text is not None:
+        (out_dir / "pyspy.txt").write_text(text)
+        summary["artifacts"].append(str(out_dir / "pyspy.txt"))
+
+
+def _collect_logs(out_dir: Path, summary: dict[str, Any], log_paths: tuple[str, ...]) -> None:
+    paths = [Path(p) for p in log_paths]
+    own = nccl_debug_path()
+    if own is not None:
+        paths.insert(0, own)
+    texts = []
+    for p in paths:
+        if p.exists():
+            texts.append(tail(p))
+    if texts:
+        joined = "\n".join(texts)
+        (out_dir / "nccl_debug_tail.log").write_text(joined)
+        summary["artifacts"].append(str(out_dir / "nccl_debug_tail.log"))
+        summary["log_errors"] = _log_errors(joined)
+
+
+def _live_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / "diagnostics" / "live" / f"rank{rank}"
+
+
+def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
+                        tensor: Any = None, group: Any = None, peer: int | None = None
+                        ) -> dict[str, Any]:
+    """Record the op this rank is about to run, with the seq it will get on its group.
+
+    The seq comes from the Flight Recorder's pg_status (last enqueued + 1), so it aligns with
+    the other ranks' dump entries. Written atomically; a later call replaces it.
+    """
+    sizes, dtypes = _tensor_meta(tensor)
+    pg = _group_id(group)
+    seq = None
+    try:
+        import torch
+
+        data = torch._C._distributed_c10d._dump_fr_trace(False, False, False)
+        st = (pickle.loads(data).get("pg_status") or {}).get(pg) or {}  # noqa: S301
+        last = st.get("last_enqueued_collective")
+        seq = int(last) + 1 if last is not None and int(last) >= 0 else 1
+    except Exception:  # noqa: BLE001 - announce without a seq rather than not at all
+        seq = None
+    ann = {"op": op, "pg": pg, "seq": seq if peer is None else None, "is_p2p": peer is not None,
+           "peer": peer, "sizes": sizes, "dtypes": dtypes, "source": "announce",
+           "time_s": time.time()}
+    d = _live_dir(run_dir, rank)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "pending.json.tmp"
+    tmp.write_text(json.dumps(ann))
+    tmp.replace(d / "pending.json")
+    return ann
+
+
+def clear_announcement(run_dir: str | os.PathLike[str], rank: int) -> None:
+    """Call after the announced op returned, so a stale announcement never misleads."""
+    with contextlib.suppress(OSError):
+        (_live_dir(run_dir, rank) / "pending.json").unlink()
+
+
+def read_announcement(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
+    """The last announcement of a rank (controller side, for ranks that died)."""
+    try:
+        return json.loads((_live_dir(run_dir, rank) / "pending.json").read_text())
+    except (OSError, ValueError):
+        return None
