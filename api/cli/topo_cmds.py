@@ -24,6 +24,7 @@ from orchestrator.topology.labels import (
     to_ray_labels_arg,
 )
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
+from orchestrator.topology.nccl_xml import parse_nccl_topo_xml
 from orchestrator.topology.nvidia_smi import parse_topo_matrix
 from orchestrator.topology.serialize import node_topology_to_dict
 
@@ -74,13 +75,15 @@ def describe_node(topo: NodeTopology) -> list[str]:
 
 @topo_app.command("parse")
 def parse(
-    file: Annotated[str, typer.Argument(help="`nvidia-smi topo -m` output; '-' for stdin.")],
+    file: Annotated[str, typer.Argument(
+        help="`nvidia-smi topo -m` output, or an NCCL topology XML; '-' for stdin.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Parse `nvidia-smi topo -m` text (one link per GPU pair, types exactly as printed)."""
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
-        topo = parse_topo_matrix(text)
+        is_xml = text.lstrip().startswith("<")
+        topo = parse_nccl_topo_xml(text) if is_xml else parse_topo_matrix(text)
     except (OSError, ValueError) as exc:
         raise _fail(f"{file}: {exc}") from exc
     if as_json:

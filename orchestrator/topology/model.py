@@ -102,6 +102,7 @@ class Nic:
     rate_gbps: float | None = None
     state: str | None = None
     nearest_gpus: tuple[int, ...] = ()
+    pci_bus_id: str | None = None
 
 
 @dataclass(frozen=True)

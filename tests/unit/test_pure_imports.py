@@ -22,6 +22,7 @@ PURE = [
     "orchestrator.topology.nvidia_smi",
     "orchestrator.topology.nvml",
     "orchestrator.topology.infiniband",
+    "orchestrator.topology.nccl_xml",
     "orchestrator.topology.labels",
     "orchestrator.topology.serialize",
     "orchestrator.topology.declared",

@@ -45,6 +45,14 @@ def test_parse_json_keeps_types_as_printed_and_reads_stdin():
     assert doc["nics"][0]["gpu_links"][0] == {"gpu": 0, "type": "SOC"}
 
 
+def test_parse_nccl_xml():
+    res = invoke("topo", "parse", str(FIX / "nccl_topo_azure_ndv5_h100.xml.txt"), "--json")
+    doc = json.loads(res.output)
+    assert len(doc["gpus"]) == 8 and doc["gpus"][3]["pci_bus_id"] == "0008:00:00.0"
+    assert [n["name"] for n in doc["nics"]] == [f"NIC{i}" for i in range(8)]
+    assert {"a": 0, "b": 4, "type": "SYS"} in doc["links"]
+
+
 def test_parse_text_and_bad_input(tmp_path):
     res = invoke("topo", "parse", str(FIX / "topo_dgx1_v100_hybrid_cube_mesh_nv1_nv2.txt"))
     assert res.exit_code == 0
