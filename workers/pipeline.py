@@ -252,6 +252,34 @@ def build_schedule(*, stages: Sequence[PipelineStage], kind: PPSchedule, n_micro
     return cls(target, n_microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
+def _parallelize_chunk(ctx: BuildContext, chunk: nn.Module) -> nn.Module:
+    """TP -> AC -> data parallelism for one stage module.
+
+    FSDP / HSDP (dp_shard > 1) go through the core's ``parallelize``. Replicated data
+    parallelism uses FSDP2-style ``replicate`` instead of ``DistributedDataParallel``: DDP's
+    first-iteration bucket rebuild sees the gradients of every microbatch of the schedule and
+    fails an internal assert (torch 2.13), while ``replicate`` is an ``FSDPModule`` whose
+    gradient sync the pipeline stage switches off until the last microbatch.
+    """
+    from workers.parallelize import apply_ac, dp_plan
+
+    kind = dp_plan(ctx.spec, ctx.dims)
+    if kind == "zero1":
+        raise PipelineLayoutError("zero_stage=1 (ZeroRedundancyOptimizer over DDP) is not "
+                                  "supported with pp > 1; use zero_stage 2/3 with dp_shard, or "
+                                  "zero_stage 0 with dp_replicate")
+    if kind != "ddp":
+        return ctx.parallelize_chunk(chunk)
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    assert ctx.mesh is not None
+    chunk.to(ctx.device)
+    if ctx.spec.parallelism.activation_checkpointing:
+        apply_ac(chunk, built=ctx.built)
+    replicate(chunk, mesh=ctx.mesh["dp_replicate"])
+    return chunk
+
+
 def build_pipeline_runner(ctx: BuildContext) -> PipelineRunner:
     """Splits ``ctx.built.module`` for this rank's pp coordinate and builds stages + schedule."""
     spec, par = ctx.spec, ctx.spec.parallelism
@@ -262,7 +290,7 @@ def build_pipeline_runner(ctx: BuildContext) -> PipelineRunner:
     check_splittable(model)
     layout = StageLayout.build(n_layers=len(getattr(model, LAYERS)), pp=par.pp,
                                virtual=par.pp_virtual_stages, pp_rank=pp_mesh.get_local_rank())
-    parts = [ctx.parallelize_chunk(m) for m in split_model(model, layout)]
+    parts = [_parallelize_chunk(ctx, m) for m in split_model(model, layout)]
     group = pp_mesh.get_group()
     stages = [PipelineStage(m, sid, layout.num_stages, ctx.device, group=group)
               for m, sid in zip(parts, layout.stage_ids, strict=True)]
