@@ -158,9 +158,9 @@ class NodeTopology:
             if g == gpu and (best is None or (link_cost(t), nic) < best):
                 best = (link_cost(t), nic)
         if best is None:
-            for nic in self.nics:
-                if gpu in nic.nearest_gpus:
-                    return nic.name
+            for n in self.nics:
+                if gpu in n.nearest_gpus:
+                    return n.name
             return None
         return best[1]
 

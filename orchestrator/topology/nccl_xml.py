@@ -96,7 +96,7 @@ def _nic(k: int, d: _Dev, gpus: list[_Dev]) -> tuple[Nic, dict[int, str]]:
     links = {i: _pci_link(g, d) for i, g in enumerate(gpus)}
     best = min((link_cost(t) for t in links.values()), default=None)
     near = tuple(i for i, t in links.items() if link_cost(t) == best and t not in ("SYS",))
-    name = net.get("name") if net is not None and net.get("name") else f"NIC{k}"
+    name = (net.get("name") if net is not None else None) or f"NIC{k}"
     return Nic(name=name, index=k, rate_gbps=float(speed) / 1000 if speed else None,
                nearest_gpus=near, pci_bus_id=d.bus), links
 

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def two_node_cluster():
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # everything on 127.0.0.1
+    key = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved = os.environ.get(key)
+    os.environ[key] = "0"  # every node on 127.0.0.1
     import ray
     from ray.cluster_utils import Cluster
 
@@ -27,6 +29,10 @@ def two_node_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
 
 
 def test_discovery_task_runs_on_every_node(two_node_cluster):
