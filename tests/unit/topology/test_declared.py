@@ -5,6 +5,8 @@ import pickle
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.topology.declared import (
     cluster_to_dict,
@@ -135,3 +137,36 @@ def test_pcie_topology_small():
     assert dict(pcie_topology(1).links) == {}
     assert pcie_topology(2).link(0, 1) == "SYS"  # one GPU per socket
     assert pcie_topology(0).gpus == ()
+
+
+# ------------------------------------------------------------- property: round trip
+
+LINK_CLASSES = ["nvswitch", "pcie", "NV12", "PHB", "SYS"]
+
+
+@st.composite
+def cluster_docs(draw):
+    levels = draw(st.lists(st.sampled_from(["nvlink_domain", "leaf", "spine", "block"]),
+                           unique=True, max_size=3))
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.integers(0, 8))
+        nodes.append({
+            "name": f"n{i}", "gpus": gpus, "intra_node": draw(st.sampled_from(LINK_CLASSES)),
+            "labels": {lv: f"{lv}-{draw(st.integers(0, 2))}" for lv in levels},
+            "busy_gpus": sorted(draw(st.sets(st.integers(0, max(gpus - 1, 0)), max_size=gpus))),
+        })
+    return {"levels": levels, "nodes": nodes}
+
+
+@settings(max_examples=60, deadline=None)
+@given(cluster_docs())
+def test_declared_round_trip_property(doc):
+    c = parse_cluster_doc(doc)
+    assert [len(n.topology.gpus) for n in c.nodes] == [n["gpus"] for n in doc["nodes"]]
+    assert [sorted(n.busy_gpus) for n in c.nodes] == [n["busy_gpus"] for n in doc["nodes"]]
+    again = parse_cluster_doc(json.loads(json.dumps(cluster_to_dict(c))))
+    assert again == c
+    for n in c.nodes:
+        assert set(n.free_gpus) | n.busy_gpus == set(range(len(n.topology.gpus)))
+        assert len(n.topology.links) == len(n.topology.gpus) * (len(n.topology.gpus) - 1) // 2
