@@ -98,6 +98,22 @@ Legend:
     assert t.gpus[3].cpus == tuple(range(24, 48)) + tuple(range(72, 96))
 
 
+def test_pasted_with_prompt_and_fence():
+    text = """$ nvidia-smi topo -m
+```
+\x1b[1m        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity\x1b[0m
+GPU0     X      NV12    PXB     0-31            0
+GPU1    NV12     X      SYS     32-63           1
+NIC0    PXB     SYS      X
+```
+NIC Legend:
+  NIC0: mlx5_bond_0
+"""
+    t = parse_topo_matrix(text)
+    assert t.link(0, 1) == "NV12" and [n.name for n in t.nics] == ["mlx5_bond_0"]
+    assert [g.numa_node for g in t.gpus] == [0, 1] and t.nics[0].nearest_gpus == (0,)
+
+
 def test_single_gpu():
     t = parse_topo_matrix("        GPU0    CPU Affinity    NUMA Affinity\n"
                           "GPU0     X      0-15            0\n")
