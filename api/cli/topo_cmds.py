@@ -101,6 +101,9 @@ def labels(
     env_labels: Annotated[str | None, typer.Option(
         "--env-labels", envvar="MESHYARD_NODE_LABELS",
         help="k=v,k=v from the environment [env MESHYARD_NODE_LABELS].")] = None,
+    node_name: Annotated[str | None, typer.Option(
+        "--node-name", help="Add meshyard.io/node=NAME: the node's name in a declared "
+        "cluster file, so the scheduler joins this Ray node to it.")] = None,
     discover: Annotated[bool, typer.Option(
         "--discover/--no-discover", help="Add levels found on this node (NVML clique).")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the levels as JSON.")] = False,
@@ -119,7 +122,7 @@ def labels(
     levels = dict(discover_local_node().labels) if discover else {}
     levels.update(levels_from_node_labels(raw))  # the operator's word wins over discovery
     try:
-        arg = to_ray_labels_arg(levels)
+        arg = to_ray_labels_arg(levels, node_name=node_name)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     typer.echo(json.dumps(levels, indent=2) if as_json else arg)

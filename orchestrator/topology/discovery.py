@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.topology.infiniband import SYSFS_IB, apply_ib_ports, read_ib_ports
 from orchestrator.topology.labels import (
+    NODE_NAME_LABEL,
     cluster_levels,
     levels_from_node_labels,
     nvlink_domain_of,
@@ -192,7 +193,9 @@ def cluster_from_discovery(results: Mapping[str, Mapping[str, Any]],
     """A ClusterTopology from discover_cluster() results and `ray.nodes()` entries.
 
     Levels come from the nodes' Ray labels (published with `meshyard topo labels`, or
-    Kubernetes keys KubeRay copied) plus an NVML-discovered nvlink_domain.
+    Kubernetes keys KubeRay copied) plus an NVML-discovered nvlink_domain. A node is named
+    by its `meshyard.io/node` label, else its hostname (plus the node id when not unique).
+    Every node carries its Ray node id, so the result can stand in for a declared file.
     """
     alive = [n for n in ray_nodes if n.get("Alive")]
     hosts = [str(results.get(n["NodeID"], {}).get("hostname", "node")) for n in alive]
@@ -203,7 +206,8 @@ def cluster_from_discovery(results: Mapping[str, Mapping[str, Any]],
         levels = levels_from_node_labels(node.get("Labels") or {})
         levels.update((found or {}).get("labels") or {})
         per_node_levels.append(levels)
-        name = host if hosts.count(host) == 1 else f"{host}-{nid[:8]}"
+        name = (node.get("Labels") or {}).get(NODE_NAME_LABEL) or (
+            host if hosts.count(host) == 1 else f"{host}-{nid[:8]}")
         gpus = int((node.get("Resources") or {}).get("GPU", 0))
         nodes.append(ClusterNode(name=name, topology=_node_topology(found, gpus),
                                  labels=levels, node_id=nid))

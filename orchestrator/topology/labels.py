@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, NodeTopology
+from orchestrator.topology.model import NODE_LEVEL, NVLINK_DOMAIN_LEVEL, NodeTopology
 
 # Canonical order, finest first; levels not listed here sort after these, by name.
 LEVEL_ORDER = (NVLINK_DOMAIN_LEVEL, "host", "rack", "subblock", "block", "leaf", "spine",
@@ -42,6 +42,7 @@ K8S_LABEL_LEVELS: tuple[tuple[str, str], ...] = (
     ("topology.kubernetes.io/network-level-3", "datacenter"),
 )
 MESHYARD_PREFIX = "meshyard.io/"
+NODE_NAME_LABEL = "meshyard.io/node"  # joins a Ray node to its declared node (inventory)
 _LABEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 _BAD_CHARS_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -59,6 +60,8 @@ def levels_from_node_labels(labels: Mapping[str, str]) -> dict[str, str]:
             out[level] = str(labels[key])
     for key, value in labels.items():
         name = key[len(MESHYARD_PREFIX):] if key.startswith(MESHYARD_PREFIX) else key
+        if name == NODE_LEVEL:
+            continue  # meshyard.io/node names the node itself; it is not a level above it
         if value and (key.startswith(MESHYARD_PREFIX) or name in LEVEL_ORDER):
             out[name] = str(value)  # explicit meshyard labels override cloud ones
     return {lv: out[lv] for lv in order_levels(out)}
@@ -97,13 +100,15 @@ def is_valid_label(text: str) -> bool:
     return bool(_LABEL_RE.match(text))
 
 
-def to_ray_labels_arg(levels: Mapping[str, str]) -> str:
+def to_ray_labels_arg(levels: Mapping[str, str], *, node_name: str | None = None) -> str:
     """`key=value,...` for `ray start --labels`, levels finest first; values sanitized.
+    `node_name` adds `meshyard.io/node=<name>`, the key that joins a Ray node to the node of
+    that name in a declared cluster file.
 
-    >>> to_ray_labels_arg({"leaf": "leaf a", "nvlink_domain": "6f1e.3"})
-    'nvlink_domain=6f1e.3,leaf=leaf-a'
+    >>> to_ray_labels_arg({"leaf": "leaf a", "nvlink_domain": "6f1e.3"}, node_name="dgx-a1")
+    'meshyard.io/node=dgx-a1,nvlink_domain=6f1e.3,leaf=leaf-a'
     """
-    parts = []
+    parts = [f"{NODE_NAME_LABEL}={sanitize_label_value(node_name)}"] if node_name else []
     for level in order_levels(levels):
         if not is_valid_label(level):
             raise ValueError(f"level name {level!r} is not a valid Ray label key; use letters, "

@@ -78,13 +78,13 @@ def test_cluster_from_discovery_labels_and_simulated_gpus():
          "Labels": {"ray.io/node-id": "aaaa1111", "leaf": "l0",
                     "network.topology.nvidia.com/spine": "s0"}},
         {"NodeID": "bbbb2222", "Alive": True, "Resources": {"GPU": 2.0, "CPU": 2.0},
-         "Labels": {"leaf": "l1", "spine": "s0"}},
+         "Labels": {"leaf": "l1", "spine": "s0", "meshyard.io/node": "sim-b"}},
         {"NodeID": "cccc3333", "Alive": True, "Resources": {"CPU": 1.0}, "Labels": {}},
         {"NodeID": "gone", "Alive": False, "Resources": {"GPU": 8.0}},
     ]
     c = cluster_from_discovery(results, ray_nodes)
     assert c.levels == ("leaf", "spine")
-    assert [n.name for n in c.nodes] == ["gb1", "sim-bbbb2222", "sim-cccc3333"]
+    assert [n.name for n in c.nodes] == ["gb1", "sim-b", "sim-cccc3333"]
     a, b, head = c.nodes
     assert a.topology.link(0, 1) == "NV18" and a.key == "aaaa1111" and dict(a.labels) == {
         "leaf": "l0", "spine": "s0"}

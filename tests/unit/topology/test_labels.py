@@ -38,7 +38,7 @@ def test_docstring_examples():
     ({"network.topology.nvidia.com/accelerator": "nvl1", "meshyard.io/leaf": "override",
       "network.topology.nvidia.com/block": "s1", "meshyard.io/pod": "p7"},
      {"nvlink_domain": "nvl1", "leaf": "override", "pod": "p7"}),
-    ({"leaf": "l0", "app": "x"}, {"leaf": "l0"}),
+    ({"leaf": "l0", "app": "x", "meshyard.io/node": "dgx-a1"}, {"leaf": "l0"}),
     ({}, {}),
 ])
 def test_levels_from_node_labels(k8s, want):
@@ -60,6 +60,8 @@ def test_ray_labels_string_is_accepted_by_ray():
     assert parse_node_labels_string(arg) == {"nvlink_domain": "6f1e.32766", "leaf": "leaf-a",
                                              "spine": "spine-0"}
     assert to_ray_labels_arg({}) == ""
+    named = to_ray_labels_arg({"leaf": "l0"}, node_name="dgx a1")
+    assert parse_node_labels_string(named) == {"meshyard.io/node": "dgx-a1", "leaf": "l0"}
     with pytest.raises(ValueError, match="not a valid Ray label key"):
         to_ray_labels_arg({"bad key": "v"})
 

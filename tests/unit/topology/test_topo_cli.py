@@ -71,6 +71,9 @@ def test_labels_from_env_flags_and_file(tmp_path):
                  env={"MESHYARD_NODE_LABELS": "topology.k8s.aws/network-node-layer-3=nn-3"})
     assert res.exit_code == 0, res.output
     assert res.output.strip() == "nvlink_domain=6f1e.32766,block=b-1,leaf=nn-3"
+    res = invoke("topo", "labels", "--no-discover", "--node-name", "dgx-b2", "--label",
+                 "leaf=leaf-b", env={"MESHYARD_NODE_LABELS": ""})
+    assert res.output.strip() == "meshyard.io/node=dgx-b2,leaf=leaf-b"
     res = invoke("topo", "labels", "--no-discover", "--label", "oops")
     assert res.exit_code == 2 and "is not key=value" in res.output
 
