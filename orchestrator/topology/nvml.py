@@ -174,12 +174,16 @@ def nvlink_links(gpus: Sequence[NvmlGpu]) -> dict[tuple[int, int], str]:
     """
     by_bus = {g.pci_bus_id: g.index for g in gpus if g.pci_bus_id}
     out: dict[tuple[int, int], int] = {}
-    switch_links = {g.index: sum(1 for ln in g.nvlinks if ln.remote_type == "switch")
-                    for g in gpus}
+    switch_links = {g.index: 0 for g in gpus}
     for g in gpus:
         for ln in g.nvlinks:
             peer = by_bus.get(ln.remote_pci_bus_id or "")
-            if ln.remote_type != "switch" and peer is not None and peer > g.index:
+            # Old drivers lack the remote-type call: a link whose far end is no GPU of
+            # this node then goes to an NVSwitch (H100 switches are not even PCI devices).
+            if ln.remote_type == "switch" or (ln.remote_type in (None, "unknown")
+                                              and peer is None):
+                switch_links[g.index] += 1
+            elif ln.remote_type != "ibmnpu" and peer is not None and peer > g.index:
                 out[(g.index, peer)] = out.get((g.index, peer), 0) + 1
     on_switch = sorted(i for i, n in switch_links.items() if n)
     for i, a in enumerate(on_switch):

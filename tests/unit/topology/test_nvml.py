@@ -147,6 +147,16 @@ def test_nvswitch_gives_nv18_every_pair():
     assert {ln.remote_type for ln in read[3].nvlinks} == {"switch"}
 
 
+def test_switch_links_without_remote_type_call():
+    class OldDriver(FakeNvml):
+        def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+            raise FakeNVMLError("NVML_ERROR_FUNCTION_NOT_FOUND")
+
+    read = read_nvml(OldDriver(switch_node(4, n_links=12)))
+    assert {ln.remote_type for g in read for ln in g.nvlinks} == {None}
+    assert set(nvlink_links(read).values()) == {"NV12"} and len(nvlink_links(read)) == 6
+
+
 def test_gb200_fabric_clique_names_the_nvlink_domain():
     cluster = uuid.UUID("6f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
     read = read_nvml(FakeNvml(switch_node(4, fabric=(cluster.bytes, 32766, 3))))
