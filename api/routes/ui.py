@@ -41,7 +41,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes Chromium send Origin: null
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }

@@ -3,7 +3,7 @@
 
 window.MYCharts = (function () {
   const { svg, clear } = window.MY;
-  const W = 560, H = 220, M = { l: 56, r: 14, t: 12, b: 30 };
+  const W = 560, H = 220, M = { l: 56, r: 14, t: 24, b: 30 };
   const MAX_POINTS = 800;
 
   function niceTicks(lo, hi, count) {
@@ -79,8 +79,8 @@ window.MYCharts = (function () {
     const dot = svg("circle", { cx: sx(last.x), cy: sy(last.y), r: 3.5, class: "last " + (o.cls || "") });
     dot.appendChild(svg("title", {}, `step ${last.x}: ${label(last.y)}`));
     root.appendChild(dot);
-    root.appendChild(svg("text", { x: W - M.r, y: M.t + 10, "text-anchor": "end", class: "last-label" },
-      `${label(last.y)} @ ${last.x}`));
+    root.appendChild(svg("text", { x: W - M.r, y: 15, "text-anchor": "end", class: "last-label" },
+      `last ${label(last.y)} at step ${last.x}`));
     return root;
   }
 

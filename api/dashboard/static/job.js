@@ -12,7 +12,7 @@
 
   const state = {
     job: null, lastEvent: 0, lastLog: 0, logRank: "", logLines: [],
-    steps: new Map(), seen: new Set(), maxStep: -1, metricAttempt: null,
+    steps: new Map(), maxStep: -1,
     ranks: [], rankRows: new Map(), mapKey: "", culprits: new Set(), diagId: null,
     nodes: null, nodesKey: "", terminalPolls: 0,
   };
@@ -98,32 +98,21 @@
   }
 
   // ---- metrics → charts ------------------------------------------------------------------
+  // Every rank reports the all-reduced loss and the job's tokens/s, so rank 0's series is the
+  // job's: one row per step keeps a 512-rank job's charts as cheap as a 2-rank job's.
   async function loadMetrics() {
     for (let page = 0; page < 5; page++) {
-      const after = Math.max(-1, state.maxStep - 1);
-      const data = await api(base + "/metrics?after_step=" + after + "&limit=10000");
-      let fresh = 0;
+      const data = await api(base + "/metrics?rank=0&after_step=" + state.maxStep + "&limit=10000");
       for (const p of data.items) {
-        const key = p.attempt + ":" + p.rank + ":" + p.step;
-        if (state.seen.has(key)) continue;
-        state.seen.add(key); fresh++;
-        const agg = state.steps.get(p.step) || { loss: 0, n: 0, tput: 0 };
-        if (p.loss !== null) { agg.loss += p.loss; agg.n += 1; }
-        if (p.tokens_per_s !== null) agg.tput += p.tokens_per_s;
-        state.steps.set(p.step, agg);
+        state.steps.set(p.step, { loss: p.loss, tput: p.tokens_per_s });
         state.maxStep = Math.max(state.maxStep, p.step);
       }
-      if (data.items.length < 10000 || !fresh) break;
-    }
-    // Forget dedupe keys of steps that will not be fetched again.
-    if (state.seen.size > 50000) {
-      for (const k of state.seen) if (Number(k.split(":")[2]) < state.maxStep - 1) state.seen.delete(k);
+      if (data.items.length < 10000) break;
     }
     const steps = [...state.steps.keys()].sort((a, b) => a - b);
-    const loss = steps.filter((s) => state.steps.get(s).n).map((s) => ({ x: s, y: state.steps.get(s).loss / state.steps.get(s).n }));
-    const tput = steps.filter((s) => state.steps.get(s).tput > 0).map((s) => ({ x: s, y: state.steps.get(s).tput }));
-    window.MYCharts.line(document.getElementById("chart-loss"), loss, { cls: "loss", empty: "no loss reported yet" });
-    window.MYCharts.line(document.getElementById("chart-tput"), tput, { cls: "tput", zeroBased: true, empty: "no throughput reported yet" });
+    const series = (k) => steps.filter((s) => state.steps.get(s)[k] !== null).map((s) => ({ x: s, y: state.steps.get(s)[k] }));
+    window.MYCharts.line(document.getElementById("chart-loss"), series("loss"), { cls: "loss", empty: "no loss reported yet" });
+    window.MYCharts.line(document.getElementById("chart-tput"), series("tput"), { cls: "tput", zeroBased: true, empty: "no throughput reported yet" });
   }
 
   // ---- ranks: table + placement map ----------------------------------------------------

@@ -5,7 +5,7 @@
 
 window.MYPlacement = (function () {
   const { el, svg, clear } = window.MY;
-  const CELL = 40, GAP = 4, PER_ROW = 8, TOP = 22, ARC = 20;
+  const CELL = 46, GAP = 5, PER_ROW = 8, TOP = 22, ARC = 20;
   const PP_COLOURS = ["#1f4e79", "#b35c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#455a64"];
 
   function tpColour(group) {
@@ -94,11 +94,14 @@ window.MYPlacement = (function () {
     g.setAttribute("tabindex", "0");
     g.appendChild(svg("rect", { x: p.x, y: p.y, width: CELL, height: CELL, rx: 4, fill: tpColour(tpGroup), class: "pm-cell" }));
     g.appendChild(svg("rect", { x: p.x, y: p.y, width: CELL, height: 6, fill: PP_COLOURS[(c.pp || 0) % PP_COLOURS.length], class: "pm-pp" }));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 24, "text-anchor": "middle", class: "pm-rank" }, String(rank.rank)));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 36, "text-anchor": "middle", class: "pm-coord" },
+    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 27, "text-anchor": "middle", class: "pm-rank" }, String(rank.rank)));
+    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 40, "text-anchor": "middle", class: "pm-coord" },
       (ctx.size.pp > 1 ? "p" + (c.pp || 0) + " " : "") + "d" + dp));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle", class: "pm-sub" },
-      cpuOnly ? "cpu" : "g" + slot));
+    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle",
+      class: culprit ? "pm-sub pm-culprit-label" : "pm-sub" }, culprit ? "CULPRIT" : (cpuOnly ? "cpu" : "g" + slot)));
+    if (culprit) {
+      g.appendChild(svg("rect", { x: p.x - 2.5, y: p.y - 2.5, width: CELL + 5, height: CELL + 5, rx: 6, class: "pm-culprit-ring" }));
+    }
     g.appendChild(svg("title", {}, `rank ${rank.rank} · pp ${c.pp || 0} · dp ${dp} · tp ${c.tp || 0}` +
       ` · TP group ${tpGroup} · ${rank.node || "?"}${cpuOnly ? "" : " GPU " + slot}` +
       (culprit ? " · CULPRIT" : "") + ` · ${rank.state}`));

@@ -50,7 +50,7 @@ def spec_doc(name: str, *, tp: int = 1, pp: int = 1, dp_shard: int = 1, dp_repli
     return {"name": name, "version": 1,
             "parallelism": {"tp": tp, "pp": pp, "dp_shard": dp_shard,
                             "dp_replicate": dp_replicate,
-                            "pp_microbatches": 2 if pp > 1 else 1},
+                            "pp_microbatches": pp},
             "model": {"kind": "gpt", "n_layers": max(2, pp * 2), "n_heads": 8, "d_model": 64,
                       "vocab_size": 256, "seq_len": 64},
             "training": {"steps": steps, "micro_batch_size": 8}}

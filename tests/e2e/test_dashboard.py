@@ -1,0 +1,262 @@
+"""The dashboard in real headless Chromium against a real `meshyard serve`.
+
+Job states are driven through the Store on the server's own SQLite file (the scheduler is off),
+exactly the writes the runtime makes; the browser only ever sees what the server serves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.lifecycle import JobState
+from orchestrator.placement.mesh import MeshShape
+from tests.e2e.conftest import DESKTOP, PHONE, Server
+from tests.unit.dashboard.seed import (
+    XSS_NAME,
+    hang_report,
+    place,
+    seed_cluster,
+    spec_doc,
+    submit,
+    walk,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+S = JobState
+WAIT_MS = 10_000
+
+
+@pytest.fixture(scope="module")
+def nodes(server: Server) -> list[str]:
+    return seed_cluster(server.store)
+
+
+@pytest.fixture
+def context(browser: Any, server: Server) -> Iterator[Any]:
+    ctx = browser.new_context(viewport=DESKTOP, base_url=server.url)
+    ctx.set_default_timeout(WAIT_MS)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@pytest.fixture
+def page(context: Any, server: Server) -> Any:
+    """A signed-in page whose console errors and dialogs are recorded."""
+    p = context.new_page()
+    p.dialogs = []  # type: ignore[attr-defined]
+    p.errors = []  # type: ignore[attr-defined]
+    p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    p.goto("/login")
+    p.fill("#token", server.token)
+    p.click("#login-submit")
+    p.wait_for_url(server.url + "/")
+    return p
+
+
+def shoot(page: Any, artifacts: Path, name: str) -> None:
+    """Desktop and phone screenshots of the current page."""
+    page.set_viewport_size(DESKTOP)
+    page.screenshot(path=str(artifacts / f"{name}-1280x800.png"), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(artifacts / f"{name}-390x844.png"), full_page=True)
+    page.set_viewport_size(DESKTOP)
+
+
+def row_state(page: Any, job_id: str) -> Any:
+    return page.locator(f'tr[data-job-id="{job_id}"] .badge')
+
+
+def test_wrong_token_is_refused(browser: Any, server: Server, artifacts_dir: Path) -> None:
+    ctx = browser.new_context(viewport=DESKTOP, base_url=server.url)
+    try:
+        p = ctx.new_page()
+        response = p.goto("/")
+        assert p.url == server.url + "/login" and response is not None
+        p.fill("#token", "not-a-real-token")
+        with p.expect_response(lambda r: r.url.endswith("/login")
+                               and r.request.method == "POST") as posted:
+            p.click("#login-submit")
+        assert posted.value.status == 401
+        assert "not valid" in p.locator("#login-error").inner_text()
+        assert ctx.cookies() == []
+        assert "not-a-real-token" not in p.url
+        shoot(p, artifacts_dir, "login-refused")
+        p.goto("/cluster")
+        assert p.url == server.url + "/login"
+    finally:
+        ctx.close()
+
+
+def test_login_sets_strict_httponly_cookie_and_jobs_update_live(
+        page: Any, context: Any, server: Server, artifacts_dir: Path) -> None:
+    cookie = next(c for c in context.cookies() if c["name"] == "meshyard_session")
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert page.evaluate("document.cookie") == ""  # scripts cannot read the token
+    assert server.token not in page.url
+
+    page.evaluate("window.__noReload = 'still here'")
+    with server.client() as api:
+        resp = api.post("/v1/jobs", json=spec_doc("live-updates", dp_replicate=2, steps=50))
+        assert resp.status_code == 201, resp.text
+        job = resp.json()
+    badge = row_state(page, job["id"])
+    badge.wait_for()
+    assert badge.inner_text() == "QUEUED"
+    assert page.locator(f'tr[data-job-id="{job["id"]}"] a.job-link').inner_text() == "live-updates"
+
+    walk(server.store, job["id"], S.PLACING, S.STARTING, S.RUNNING)
+    page.wait_for_function(
+        "id => document.querySelector(`tr[data-job-id='${id}'] .badge`).textContent === 'RUNNING'",
+        arg=job["id"])
+    assert "state-running" in (badge.get_attribute("class") or "")
+    walk(server.store, job["id"], S.SUCCEEDED)
+    page.wait_for_function(
+        "id => document.querySelector(`tr[data-job-id='${id}'] .badge`).textContent === 'SUCCEEDED'",
+        arg=job["id"])
+    assert page.evaluate("window.__noReload") == "still here"
+
+    page.select_option("#f-state", "SUCCEEDED")
+    page.wait_for_function("() => [...document.querySelectorAll('#jobs-body .badge')]"
+                           ".every(b => b.textContent === 'SUCCEEDED')")
+    assert "state=SUCCEEDED" in page.url
+    page.select_option("#f-state", "")
+    shoot(page, artifacts_dir, "jobs")
+    assert page.errors == []
+
+
+def test_job_detail_shows_ranks_chart_and_placement(
+        page: Any, server: Server, nodes: list[str], artifacts_dir: Path) -> None:
+    from tests.unit.dashboard.seed import add_training
+
+    job = submit(server.store, spec_doc("tp4-pp2-dp2", tp=4, pp=2, dp_replicate=2, steps=200))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    attempt = place(server.store, job, nodes[:2], step=30)
+    add_training(server.store, job, attempt, steps=30, ranks=16)
+
+    page.goto(f"/jobs/{job.id}")
+    page.locator("#rank-body tr").nth(15).wait_for()
+    assert page.locator("#rank-body tr").count() == 16
+    assert page.locator("#rank-5 td").nth(4).inner_text() == nodes[0]
+    page.wait_for_function("() => Number(document.querySelector('#chart-loss svg')"
+                           "?.dataset.points) === 30")
+    assert page.locator("#chart-loss path.series").get_attribute("d")
+    assert page.locator("#chart-tput path.series").count() == 1
+
+    cells = page.locator(".pm-gpu.used")
+    cells.nth(15).wait_for()
+    groups = Counter(cells.nth(i).get_attribute("data-tp-group") for i in range(cells.count()))
+    assert len(groups) == 4 and set(groups.values()) == {4}  # 16 ranks / tp 4
+    assert page.locator(".pm-node").count() == 2
+    assert page.locator(".pm-group").count() == 1  # both nodes under leaf-a
+    assert page.locator(".pm-nvlink").count() >= 2  # NVSwitch bar per node
+    assert page.locator("#comm-table tbody tr").count() == 3  # tp, dp_replicate, pp
+    assert "NV18" in page.locator("#comm-table").inner_text()
+    page.locator("#log-tail").filter(has_text="rank 0 step 1").wait_for()
+    assert page.locator("#events li").count() >= 4
+    shoot(page, artifacts_dir, "job-detail")
+    assert page.errors == []
+
+
+def test_cancel_with_the_button(page: Any, server: Server, nodes: list[str]) -> None:
+    job = submit(server.store, spec_doc("to-cancel", dp_replicate=2, steps=500))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    place(server.store, job, nodes[3:4])
+    page.goto(f"/jobs/{job.id}")
+    page.wait_for_function("() => document.getElementById('job-state').textContent === 'RUNNING'")
+    page.click("#cancel-btn")
+    assert page.locator("#cancel-btn").inner_text() == "Confirm cancel"
+    page.click("#cancel-btn")
+    page.wait_for_function(
+        "() => document.getElementById('job-state').textContent === 'CANCELLING'")
+    record = server.store.get_job(job.id)
+    assert record is not None and record.state == S.CANCELLING
+    assert page.locator("#cancel-btn").is_disabled()
+    walk(server.store, job.id, S.CANCELLED)
+    page.wait_for_function(
+        "() => document.getElementById('job-state').textContent === 'CANCELLED'")
+    assert page.dialogs == []
+
+
+def test_cancel_without_csrf_header_is_refused(page: Any, server: Server) -> None:
+    job = submit(server.store, spec_doc("csrf-target"))
+    status = page.evaluate("""async id => (await fetch(`/v1/jobs/${id}/cancel`,
+        {method: 'POST', credentials: 'same-origin'})).status""", job.id)
+    assert status == 403
+    record = server.store.get_job(job.id)
+    assert record is not None and record.state == S.QUEUED
+
+
+def test_diagnosis_highlights_the_culprit(page: Any, server: Server, nodes: list[str],
+                                          artifacts_dir: Path) -> None:
+    job = submit(server.store, spec_doc("hung-dp", dp_replicate=8, steps=100))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    attempt = place(server.store, job, nodes[4:5], step=12)
+    artifact = server.data_dir / "runs" / job.id / "fr_rank5.txt"
+    artifact.parent.mkdir(parents=True)
+    artifact.write_text("flight recorder dump of rank 5\n")
+    report = hang_report(world=8, culprit=5, mesh=MeshShape(dp_replicate=8), nodes=nodes[4:5],
+                         artifacts=[str(artifact)])
+    server.store.add_diagnosis(job.id, attempt, verdict=report.verdict.value,
+                               culprit_ranks=[5], summary=report.summary,
+                               report=report.to_dict())
+    walk(server.store, job.id, S.FAILED)
+
+    page.goto(f"/jobs/{job.id}")
+    page.locator("#diagnosis").wait_for(state="visible")
+    assert page.locator("#diag-summary").inner_text() == report.summary
+    assert page.locator("#diag-verdict").inner_text() == "NOT_JOINED"
+    page.locator('.pm-gpu.culprit[data-rank="5"]').wait_for()
+    assert page.locator(".pm-gpu.culprit").count() == 1
+    page.locator("tr#rank-5.culprit").wait_for()
+    assert page.locator("#rank-body tr.culprit").count() == 1
+    assert page.locator('#diag-evidence tr.culprit[data-rank="5"]').count() == 1
+    assert page.locator("#diag-mismatches tr").count() == 1
+    assert page.locator("#diag-recs li").count() == 2
+    stack = page.locator("details.stack.culprit")
+    assert stack.get_attribute("open") is not None and "next_batch" in stack.inner_text()
+    with page.expect_download() as dl:
+        page.click("#diag-artifacts a")
+    assert Path(dl.value.path()).read_text() == "flight recorder dump of rank 5\n"
+    shoot(page, artifacts_dir, "diagnosis")
+    assert page.errors == []
+
+
+def test_script_in_a_job_name_stays_text(page: Any, server: Server) -> None:
+    job = submit(server.store, spec_doc(XSS_NAME))
+    server.store.add_event(job.id, kind="warning", message=XSS_NAME)
+    page.goto("/?name=" + "onerror")
+    link = page.locator(f'tr[data-job-id="{job.id}"] a.job-link')
+    link.wait_for()
+    assert link.inner_text() == XSS_NAME
+    page.goto(f"/jobs/{job.id}")
+    warning = page.locator("#events li.ev-warning .ev-msg")
+    warning.wait_for()
+    assert warning.inner_text() == XSS_NAME
+    assert page.locator("#job-name").inner_text() == XSS_NAME
+    assert page.title().startswith(XSS_NAME)
+    assert page.locator("img").count() == 0
+    page.wait_for_timeout(300)  # let any injected handler fire (it must not)
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_cluster_page_shows_usage_and_levels(page: Any, server: Server, nodes: list[str],
+                                             artifacts_dir: Path) -> None:
+    job = submit(server.store, spec_doc("holds-gpus", dp_replicate=4, steps=500))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    place(server.store, job, nodes[7:8])
+    page.goto("/cluster")
+    assert page.locator("#nodes-table tbody tr").count() == len(nodes)
+    row = page.locator(f"#node-{nodes[7]}")
+    assert "4 free / 4 used" in row.inner_text() and "holds-gpus" in row.inner_text()
+    tree = page.locator("#topology-tree").inner_text()
+    assert "spine-0" in tree and "leaf-a" in tree and "leaf-b" in tree
+    shoot(page, artifacts_dir, "cluster")
+    assert page.errors == []
