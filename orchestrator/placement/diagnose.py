@@ -18,7 +18,8 @@ from typing import Any
 
 from orchestrator.placement.domains import Packing, build_tree, free_of, tp_domains
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology
+from orchestrator.placement.nodeinfo import nvlink_domain_key
+from orchestrator.topology.model import ClusterTopology
 
 
 class FailureReason(StrEnum):
@@ -54,10 +55,9 @@ def _largest_domain(cluster: ClusterTopology, packing: Packing, *, avoid: frozen
         if node.name in avoid or node.node_id in avoid:
             continue
         free = free_of(node, ignore_busy=ignore_busy)
-        label = node.labels.get(NVLINK_DOMAIN_LEVEL) if NVLINK_DOMAIN_LEVEL in cluster.levels \
-            else None
+        label = nvlink_domain_key(cluster, node)
         if packing.pools and label:
-            pools[label] = pools.get(label, 0) + len(free)
+            pools["/".join(label)] = pools.get("/".join(label), 0) + len(free)
             continue
         for dom in tp_domains(node, free, packing.tp_within):
             if len(dom) > best[0]:

@@ -101,8 +101,9 @@ def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[s
         if node.name in avoid or (node.node_id is not None and node.node_id in avoid):
             continue
         parent = root
+        full = cluster.path(node)
         for depth, level in enumerate(levels):
-            path = cluster.path(node)[:depth + 1]
+            path = full[:depth + 1]
             if path not in index:
                 dom = Domain(level=level, path=path, order=i,
                              pool=level == NVLINK_DOMAIN_LEVEL and packing.pools and path[-1] != "")
@@ -110,7 +111,7 @@ def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[s
                 parent.children.append(dom)
             parent = index[path]
         free = free_of(node, ignore_busy=ignore_busy)
-        leaf = Domain(level="node", path=(*cluster.path(node), node.name), order=i, node=node,
+        leaf = Domain(level="node", path=(*full, node.name), order=i, node=node,
                       cap=node_cap(node, free, packing), free=len(free))
         parent.children.append(leaf)
     _sum_caps(root, packing)

@@ -15,7 +15,7 @@ from math import comb
 
 from orchestrator.placement.domains import Packing, tp_domains
 from orchestrator.placement.links import LinkModel
-from orchestrator.placement.nodeinfo import islands
+from orchestrator.placement.nodeinfo import islands, uniform_kind
 from orchestrator.placement.ranks import best_tp_groups
 from orchestrator.topology.model import ClusterNode, link_cost
 
@@ -44,7 +44,9 @@ def pick_subset(node: ClusterNode, free: Sequence[int], n: int, *, tp: int, link
     free = sorted(free)
     if n >= len(free):
         return free
-    if comb(len(free), n) > _SUBSET_LIMIT:
+    if uniform_kind(node.topology) is not None or comb(len(free), n) > _SUBSET_LIMIT:
+        # uniform links make every subset alike (or there are too many to score): prefer
+        # the job's rails, then the lowest indices
         preferred = sorted(free, key=lambda g: (bool(rails) and g not in rails, g))
         return sorted(preferred[:n])
     best = min(combinations(free, n),

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from orchestrator.placement.nodeinfo import uniform_kind
+from orchestrator.placement.nodeinfo import nvlink_domain_key, uniform_kind
 from orchestrator.topology.model import (
     NVLINK_DOMAIN_LEVEL,
     ClusterNode,
@@ -166,7 +166,7 @@ class LinkModel:
         self.figures = figures or LinkFigures()
         self._nodes = {n.name: n for n in cluster.nodes}
         self._net_levels = tuple(lv for lv in cluster.levels if lv != NVLINK_DOMAIN_LEVEL)
-        self._multi_nvl = NVLINK_DOMAIN_LEVEL in cluster.levels
+        self._nvl = {n.name: nvlink_domain_key(cluster, n) for n in cluster.nodes}
         self._ring_cache: dict[tuple[str, tuple[int, ...]], Link | None] = {}
         self._span_cache: dict[tuple[str, ...], int] = {}
         self._net_cache: dict[tuple[int, bool], Link] = {}
@@ -176,9 +176,8 @@ class LinkModel:
 
     def nvlink_domain(self, name: str) -> str | None:
         """Label of the node's multi-node NVLink domain, when the cluster has that level."""
-        if not self._multi_nvl:
-            return None
-        return self._nodes[name].labels.get(NVLINK_DOMAIN_LEVEL) or None
+        key = self._nvl.get(name)
+        return "/".join(key) if key else None
 
     def span(self, names: Iterable[str]) -> int:
         """Switch levels climbed to connect `names`: 0 one node, 1 one leaf, 2 one spine, ..."""
@@ -229,7 +228,10 @@ class LinkModel:
         """Bottleneck link of a collective over `members` (None when there is one member)."""
         by_node: dict[str, list[int]] = {}
         for name, gpu in members:
-            by_node.setdefault(name, []).append(gpu)
+            if name in by_node:
+                by_node[name].append(gpu)
+            else:
+                by_node[name] = [gpu]
         links = [self.ring(name, gpus) for name, gpus in by_node.items() if len(gpus) > 1]
         if len(by_node) > 1:
             domains = {self.nvlink_domain(n) for n in by_node}

@@ -45,7 +45,7 @@ class MeshShape:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return tuple(getattr(self, d) for d in DIMS)
+        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
 
     @property
     def world_size(self) -> int:
@@ -66,10 +66,10 @@ class MeshShape:
     def coords(self, rank: int) -> dict[str, int]:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world size {self.world_size}")
-        out: dict[str, int] = {}
-        for dim, size in zip(reversed(DIMS), reversed(self.sizes), strict=True):
-            rank, out[dim] = divmod(rank, size)
-        return {d: out[d] for d in DIMS}
+        rank, tp = divmod(rank, self.tp)
+        rank, dp_shard = divmod(rank, self.dp_shard)
+        pp, dp_replicate = divmod(rank, self.dp_replicate)
+        return {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp}
 
     def rank_of(self, coords: dict[str, int]) -> int:
         rank = 0

@@ -7,7 +7,13 @@ running the union-find.
 
 from __future__ import annotations
 
-from orchestrator.topology.model import NodeTopology, is_nvlink
+from orchestrator.topology.model import (
+    NVLINK_DOMAIN_LEVEL,
+    ClusterNode,
+    ClusterTopology,
+    NodeTopology,
+    is_nvlink,
+)
 
 _CACHE_MAX = 8192
 _islands: dict[int, tuple[NodeTopology, list[frozenset[int]]]] = {}
@@ -56,3 +62,16 @@ def fingerprint(topo: NodeTopology) -> tuple[object, ...]:
     if kind is not None:
         return (topo.gpu_indices, kind)
     return (topo.gpu_indices, tuple(sorted(topo.links.items())))
+
+
+def nvlink_domain_key(cluster: ClusterTopology, node: ClusterNode) -> tuple[str, ...] | None:
+    """Identity of the node's multi-node NVLink domain, or None (no such level or label).
+
+    Levels nest, so a domain is named by its label path from the coarsest level down to
+    `nvlink_domain`: the same clique label under two racks is two domains.
+    """
+    if NVLINK_DOMAIN_LEVEL not in cluster.levels or not node.labels.get(NVLINK_DOMAIN_LEVEL):
+        return None
+    coarse_first = tuple(reversed(cluster.levels))
+    upto = coarse_first[:coarse_first.index(NVLINK_DOMAIN_LEVEL) + 1]
+    return tuple(node.labels.get(level, "") for level in upto)

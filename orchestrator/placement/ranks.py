@@ -32,9 +32,8 @@ from itertools import combinations
 from types import MappingProxyType
 
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.nodeinfo import islands, uniform_kind
+from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
 from orchestrator.topology.model import (
-    NVLINK_DOMAIN_LEVEL,
     ClusterTopology,
     NodeTopology,
     link_cost,
@@ -172,13 +171,12 @@ def tp_groups(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]], *, 
     nodes = {n.name: n for n in cluster.nodes}
     names = sorted((n for n in chosen if chosen[n]), key=lambda n: order[n])
     groups: list[tuple[tuple[str, int], ...]] = []
-    pools: dict[str, list[tuple[str, int]]] = {}
+    pools: dict[tuple[str, ...], list[tuple[str, int]]] = {}
     for name in names:
         local, left = _node_groups(nodes[name].topology, chosen[name], tp=tp,
                                    tp_within=tp_within)
         groups += [tuple((name, g) for g in grp) for grp in local]
-        nvl = nodes[name].labels.get(NVLINK_DOMAIN_LEVEL, "") \
-            if NVLINK_DOMAIN_LEVEL in cluster.levels else ""
+        nvl = nvlink_domain_key(cluster, nodes[name]) or ()
         pools.setdefault(nvl, []).extend((name, g) for g in left)
     spill: list[tuple[str, int]] = []
     for _label, members in pools.items():  # leftovers: one NVLink domain first, then anywhere

@@ -25,27 +25,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.placement.blocks import block_sizes, candidates
 from orchestrator.placement.cost import Estimate, ModelDims, estimate_slots
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
-from orchestrator.placement.domains import (
-    Domain,
-    Packing,
-    bestfit_key,
-    build_tree,
-    by_level,
-    fill,
-    shape,
-)
+from orchestrator.placement.domains import Domain, Packing, build_tree, shape
 from orchestrator.placement.gpus import pick_node_gpus
 from orchestrator.placement.links import LinkFigures, LinkModel
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.nodeinfo import islands
+from orchestrator.placement.nodeinfo import islands, nvlink_domain_key
 from orchestrator.placement.ranks import RankPlacement, assign_ranks
 from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology
 
 __all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "solve"]
 
-_CANDIDATES = 4
+_CANDIDATES = 4  # distinct domain shapes costed per block size
+_SCAN = 64  # fitting domains looked at per block size to find those shapes
 
 
 @dataclass(frozen=True)
@@ -121,27 +115,33 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
 
 def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, root: Domain, units: int,
                     packing: Packing, links: LinkModel, model: ModelDims | None) -> Placement:
-    for level in by_level(root):
-        fits = sorted((d for d in level if d.cap >= units), key=bestfit_key)
-        if fits:
-            break
+    """The cheapest of the BestFit candidates (plain and block-aligned, see blocks.py);
+    ties go to the earlier candidate: plain BestFit first, tightest domain first."""
     best: Placement | None = None
-    seen: set[tuple[object, ...]] = set()
-    for dom in fits:
-        if len(seen) == _CANDIDATES:
-            break
-        twin = shape(dom)
-        if twin in seen:  # same structure as one already tried: same cost, skip
-            continue
-        seen.add(twin)
-        chosen = _choose_gpus(cluster, fill(dom, units, packing), packing=packing, links=links)
-        ranks = assign_ranks(cluster, mesh, chosen, tp_within=packing.tp_within)
-        est = estimate_slots([(r.node, r.gpu) for r in ranks], mesh=mesh, links=links,
-                             model=model)
-        if best is None or est.total_s < best.estimate.total_s * (1 - 1e-9):
-            best = Placement(mesh=mesh, ranks=ranks, estimate=est, level=dom.level,
-                             domain=dom.path, tp_within=packing.tp_within)
-    assert best is not None
+    tried: set[object] = set()
+    for blk in block_sizes(mesh):
+        per_block = blk * mesh.tp // packing.unit
+        shapes: set[object] = set()
+        for dom, counts in candidates(root, units=units, per_block=per_block, packing=packing,
+                                      limit=_SCAN):
+            twin = shape(dom)
+            if twin in shapes:  # same structure as a domain already tried: same cost
+                continue
+            shapes.add(twin)
+            if len(shapes) > _CANDIDATES:
+                break
+            chosen = _choose_gpus(cluster, counts, packing=packing, links=links)
+            key = frozenset((n, tuple(g)) for n, g in chosen.items())
+            if key in tried:
+                continue
+            tried.add(key)
+            ranks = assign_ranks(cluster, mesh, chosen, tp_within=packing.tp_within)
+            est = estimate_slots([(r.node, r.gpu) for r in ranks], mesh=mesh, links=links,
+                                 model=model)
+            if best is None or est.total_s < best.estimate.total_s * (1 - 1e-9):
+                best = Placement(mesh=mesh, ranks=ranks, estimate=est, level=dom.level,
+                                 domain=dom.path, tp_within=packing.tp_within)
+    assert best is not None, "capacity was checked before"
     return best
 
 
@@ -157,7 +157,7 @@ def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: P
     for name in sorted(set(counts) - set(whole)):
         node = nodes[name]
         out[name] = pick_node_gpus(node, counts[name], packing=packing, links=links, rails=rails,
-                                   pooled=pools and bool(node.labels.get(NVLINK_DOMAIN_LEVEL)))
+                                   pooled=pools and nvlink_domain_key(cluster, node) is not None)
         rails |= frozenset(out[name])
     return out
 

@@ -23,8 +23,8 @@ def domain_of(c: ClusterTopology, slot: Slot, tp_within: str) -> Any:
     if tp_within == "node":
         return node.name
     label = node.labels.get("nvlink_domain") if "nvlink_domain" in c.levels else None
-    if label:
-        return ("nvl", label)
+    if label:  # levels nest: the same clique label under two leaves is two domains
+        return ("nvl", node.labels.get("leaf"), label)
     comp = next(comp for comp in node.topology.nvlink_components() if slot[1] in comp)
     return (node.name, min(comp))
 
