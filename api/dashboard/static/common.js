@@ -1,6 +1,6 @@
 // meshyard dashboard: shared helpers. Written by hand, no dependencies.
 // Rule for every script here: data goes into the page through textContent / attributes
-// only, never innerHTML, so a job named "<img src=x onerror=...>" stays text.
+// only, never as markup, so a job named "<img src=x onerror=...>" stays text.
 "use strict";
 
 window.MY = (function () {
