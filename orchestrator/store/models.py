@@ -211,3 +211,14 @@ class ClusterNodeRow(Base):
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
     topology: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LeaderLease(Base):
+    """One row per lease name (e.g. "scheduler"): who leads until when. Used on SQLite only;
+    PostgreSQL uses a session advisory lock (orchestrator/leader.py)."""
+
+    __tablename__ = "leader_leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[float] = mapped_column(Float)  # epoch seconds; one machine's clock
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
