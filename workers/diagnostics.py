@@ -61,21 +61,26 @@ def mark_training_thread(ident: int | None = None) -> None:
     _training_thread = ident if ident is not None else threading.get_ident()
 
 
-def fr_dump_bytes() -> bytes | None:
-    """The Flight Recorder dump as pickle bytes, or None when no recorder answers."""
+def fr_dump_bytes(*, stack_traces: bool = False) -> bytes | None:
+    """The Flight Recorder dump as pickle bytes, or None when no recorder answers.
+
+    Stack traces are off by default: symbolizing them makes the FIRST dump of a process take
+    2.5 s (10 s on a loaded 2-core machine, measured with torch 2.13), and the thread stacks
+    collected alongside already say where each rank is blocked.
+    """
     import torch
 
     c10d = torch._C._distributed_c10d
     nccl = getattr(c10d, "_dump_nccl_trace", None)
     if nccl is not None and torch.cuda.is_available():
         try:
-            return nccl()
+            return nccl(True, stack_traces, False)
         except Exception:  # noqa: BLE001 - fall through to the generic recorder
             pass
     dump = getattr(c10d, "_dump_fr_trace", None)
     if dump is not None:
         try:
-            return dump()
+            return dump(True, stack_traces, False)
         except Exception:  # noqa: BLE001
             pass
     return _dump_file_bytes()
@@ -237,10 +242,13 @@ def stamp_now() -> str:
 
 def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str | None = None,
                      step: int | None = None, phase: str | None = None,
-                     log_paths: tuple[str, ...] = ()) -> dict[str, Any]:
+                     log_paths: tuple[str, ...] = (), fr_stack_traces: bool = False
+                     ) -> dict[str, Any]:
     """Collect this rank's evidence; never raises (a failing piece is reported in `errors`).
 
     The controller passes one `stamp` to every rank so a diagnosis round shares a folder.
+    Stacks are taken first: they are the most time-sensitive piece (a peer's death can unblock
+    the training thread). Measured: ~5 ms per rank without FR stack traces.
     """
     t0 = time.time()
     out_dir = Path(run_dir) / "diagnostics" / (stamp or stamp_now()) / f"rank{rank}"
@@ -248,17 +256,19 @@ def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str |
     summary: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                                "time_s": t0, "step": step, "phase": phase, "alive": True,
                                "errors": [], "artifacts": []}
-    _piece(summary, "fr_dump", lambda: _collect_fr(out_dir, summary))
     _piece(summary, "stacks", lambda: _collect_stacks(out_dir, summary))
-    _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
+    _piece(summary, "fr_dump", lambda: _collect_fr(out_dir, summary, fr_stack_traces))
     _piece(summary, "logs", lambda: _collect_logs(out_dir, summary, log_paths))
+    _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
     ann = read_announcement(run_dir, rank)
     if ann is not None:
         summary["pending"] = [*summary.get("pending", []), ann]
     summary["collect_s"] = round(time.time() - t0, 3)
     path = out_dir / "summary.json"
-    path.write_text(json.dumps(summary, default=str))
     summary["artifacts"].append(str(path))
+    tmp = out_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, default=str))
+    tmp.replace(path)  # atomic: a reader never sees half a summary
     return summary
 
 
@@ -269,8 +279,8 @@ def _piece(summary: dict[str, Any], name: str, fn: Any) -> None:
         summary["errors"].append(f"{name}: {type(ex).__name__}: {ex}")
 
 
-def _collect_fr(out_dir: Path, summary: dict[str, Any]) -> None:
-    data = fr_dump_bytes()
+def _collect_fr(out_dir: Path, summary: dict[str, Any], stack_traces: bool) -> None:
+    data = fr_dump_bytes(stack_traces=stack_traces)
     if data is None:
         summary["fr_dump"] = None
         return
