@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from api.admission import ClusterShape
+from api.auth import TokenCache
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
@@ -90,6 +92,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     metrics.add_job_counts(store.job_counts_by_state)
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
+    app.state.token_cache = TokenCache()
+    app.state.cluster_shape = ClusterShape(store)
 
     install_error_handlers(app)
     for module in (jobs, job_data, cluster):

@@ -32,8 +32,8 @@ StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
-def current_user(request: Request, store: StoreDep) -> UserRecord:
-    return authenticate(request, store)
+async def current_user(request: Request, store: StoreDep) -> UserRecord:
+    return await authenticate(request, store, request.app.state.token_cache)
 
 
 UserDep = Annotated[UserRecord, Depends(current_user)]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from api.deps import JobDep, StoreDep
+from api.responses import model_response
 from api.schemas import (
     Attempt,
     AttemptList,
@@ -29,31 +30,32 @@ After = Annotated[int, Query(ge=0, description="Only items with id > after (poll
 
 @router.get("/events", operation_id="listJobEvents", response_model=EventList)
 def list_events(job: JobDep, store: StoreDep, after: After = 0,
-                limit: Annotated[int, Query(ge=1, le=5000)] = 1000) -> EventList:
+                limit: Annotated[int, Query(ge=1, le=5000)] = 1000) -> Response:
     events = store.list_events(job.id, after=after, limit=limit)
-    return EventList(items=[Event.model_validate(e) for e in events])
+    return model_response(EventList(items=[Event.model_validate(e) for e in events]))
 
 
 @router.get("/attempts", operation_id="listJobAttempts", response_model=AttemptList)
-def list_attempts(job: JobDep, store: StoreDep) -> AttemptList:
-    return AttemptList(items=[Attempt.model_validate(a) for a in store.list_attempts(job.id)])
+def list_attempts(job: JobDep, store: StoreDep) -> Response:
+    attempts = store.list_attempts(job.id)
+    return model_response(AttemptList(items=[Attempt.model_validate(a) for a in attempts]))
 
 
 @router.get("/ranks", operation_id="listJobRanks", response_model=RankList)
 def list_ranks(job: JobDep, store: StoreDep,
                attempt: Annotated[int | None, Query(ge=1, description="Default: current.")]
-               = None) -> RankList:
+               = None) -> Response:
     ranks = store.list_ranks(job.id, attempt=attempt)
-    return RankList(items=[Rank.model_validate(r) for r in ranks])
+    return model_response(RankList(items=[Rank.model_validate(r) for r in ranks]))
 
 
 @router.get("/metrics", operation_id="listJobMetrics", response_model=MetricList)
 def list_metrics(job: JobDep, store: StoreDep,
                  rank: Annotated[int | None, Query(ge=0)] = None,
                  after_step: Annotated[int | None, Query(ge=-1)] = None,
-                 limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> MetricList:
+                 limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Response:
     points = store.list_metrics(job.id, rank=rank, after_step=after_step, limit=limit)
-    return MetricList(items=[MetricPoint.model_validate(p) for p in points])
+    return model_response(MetricList(items=[MetricPoint.model_validate(p) for p in points]))
 
 
 @router.get("/logs", operation_id="listJobLogs", response_model=LogList)
@@ -62,12 +64,12 @@ def list_logs(job: JobDep, store: StoreDep, after: After = 0,
               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
               tail: Annotated[int | None, Query(ge=1, le=10_000,
                                                 description="Only the last N lines.")] = None,
-              ) -> LogList:
+              ) -> Response:
     lines = store.list_logs(job.id, rank=rank, after=after, limit=limit, tail=tail)
-    return LogList(items=[LogLine.model_validate(line) for line in lines])
+    return model_response(LogList(items=[LogLine.model_validate(line) for line in lines]))
 
 
 @router.get("/diagnoses", operation_id="listJobDiagnoses", response_model=DiagnosisList)
-def list_diagnoses(job: JobDep, store: StoreDep) -> DiagnosisList:
+def list_diagnoses(job: JobDep, store: StoreDep) -> Response:
     found = store.list_diagnoses(job.id)
-    return DiagnosisList(items=[Diagnosis.model_validate(d) for d in found])
+    return model_response(DiagnosisList(items=[Diagnosis.model_validate(d) for d in found]))

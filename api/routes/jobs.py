@@ -15,21 +15,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
+from api.admission import admission_issues
 from api.deps import JobDep, SettingsDep, StoreDep, UserDep
 from api.errors import ApiError, Unprocessable
+from api.responses import model_response
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
 from orchestrator.lifecycle import JobState
-from orchestrator.settings import Settings
-from orchestrator.spec import (
-    FieldIssue,
-    JobSpec,
-    SpecValidationError,
-    check_fits_cluster,
-    load_document,
-    parse_spec,
-)
+from orchestrator.spec import FieldIssue, SpecValidationError, load_document, parse_spec
 from orchestrator.store.jobs import BadCursor
-from orchestrator.store.repo import Store
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -100,31 +93,18 @@ def split_submission(data: Any, *, header_key: str | None) -> tuple[Any, str | N
     return spec_data, body_key if body_key is not None else header_key
 
 
-def admission_issues(spec: JobSpec, *, settings: Settings, store: Store) -> list[FieldIssue]:
-    """Server-side checks a spec must pass beyond its own validation."""
-    issues: list[FieldIssue] = []
-    if spec.inject_fault is not None and not settings.allow_fault_injection:
-        issues.append(FieldIssue("inject_fault", "fault injection is disabled on this server; "
-                                 "remove inject_fault or start the server with "
-                                 "--allow-fault-injection", "value_error"))
-    max_gpus = max((n.gpus for n in store.list_nodes()), default=0)
-    if max_gpus > 0:
-        issues += check_fits_cluster(spec, max_gpus_per_node=max_gpus)
-    return issues
-
-
 @router.post("", operation_id="submitJob", response_model=SubmitResult, status_code=201,
              openapi_extra=SUBMIT_BODY_DOC,
              responses={200: {"model": SubmitResult, "description": "Retry of an earlier "
                                                                    "submission."}})
 def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: UserDep, store: StoreDep,
-               settings: SettingsDep, response: Response,
+               settings: SettingsDep, request: Request,
                idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
-               ) -> SubmitResult:
+               ) -> Response:
     data = load_document(body.text, content_type=body.content_type)
     spec_data, submission_id = split_submission(data, header_key=idempotency_key)
     spec = parse_spec(spec_data)
-    issues = admission_issues(spec, settings=settings, store=store)
+    issues = admission_issues(spec, settings=settings, shape=request.app.state.cluster_shape)
     if issues:
         raise SpecValidationError(issues)
     job, created = store.submit_job(spec, owner=user.name, submission_id=submission_id)
@@ -133,9 +113,9 @@ def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: UserDep, store
         raise Unprocessable([FieldIssue("submission_id", f"already used for job {job.id} with "
                                         "a different spec; choose a new submission_id",
                                         "idempotency_key_reused")])
-    response.status_code = 201 if created else 200
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return SubmitResult.model_validate({**_fields(job), "created": created})
+    return model_response(SubmitResult.model_validate({**_fields(job), "created": created}),
+                          status_code=201 if created else 200,
+                          headers={"Location": f"/v1/jobs/{job.id}"})
 
 
 def _fields(record: Any) -> dict[str, Any]:
@@ -152,23 +132,24 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200, description="From next_cursor.")]
     = None,
-) -> JobPage:
+) -> Response:
     try:
         jobs, next_cursor = store.list_jobs(
             viewer=user, state=[s.value for s in state] if state else None, owner=owner,
-            name=name, limit=limit, cursor=cursor)
+            name=name, limit=limit, cursor=cursor, with_spec=False)
     except BadCursor as exc:
         raise Unprocessable([FieldIssue("query.cursor", str(exc), "value_error")]) from None
-    return JobPage(items=[JobSummary.model_validate(j) for j in jobs], next_cursor=next_cursor)
+    return model_response(JobPage(items=[JobSummary.model_validate(j) for j in jobs],
+                                  next_cursor=next_cursor))
 
 
 @router.get("/{job_id}", operation_id="getJob", response_model=Job)
-async def get_job(job: JobDep) -> Job:
-    return Job.model_validate(job)
+async def get_job(job: JobDep) -> Response:
+    return model_response(Job.model_validate(job))
 
 
 @router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=Job)
-def cancel_job(job: JobDep, user: UserDep, store: StoreDep) -> Job:
+def cancel_job(job: JobDep, user: UserDep, store: StoreDep) -> Response:
     """Queued jobs end at once (CANCELLED); running ones go to CANCELLING and stop.
     Cancelling a finished job changes nothing and answers with the job."""
-    return Job.model_validate(store.request_cancel(job.id, viewer=user))
+    return model_response(Job.model_validate(store.request_cancel(job.id, viewer=user)))

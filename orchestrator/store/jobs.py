@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from orchestrator.lifecycle import (
     ACTIVE_STATES,
@@ -106,11 +106,15 @@ class JobOps(StoreBase):
 
     def list_jobs(self, *, viewer: UserRecord | None, state: list[str] | None = None,
                   owner: str | None = None, name: str | None = None, limit: int = 50,
-                  cursor: str | None = None) -> tuple[list[JobRecord], str | None]:
+                  cursor: str | None = None,
+                  with_spec: bool = True) -> tuple[list[JobRecord], str | None]:
         """Newest first. The cursor is the last seen seq, so jobs submitted while a client
-        pages never shift later pages."""
+        pages never shift later pages. with_spec=False leaves `spec` empty ({}): loading and
+        decoding 50 spec documents is most of a page's cost, and a listing does not show them."""
         limit = max(1, min(limit, MAX_PAGE))
         stmt = _visible(select(m.Job), viewer)
+        if not with_spec:
+            stmt = stmt.options(defer(m.Job.spec, raiseload=True))
         if state:
             stmt = stmt.where(m.Job.state.in_([JobState(s).value for s in state]))
         if owner:
@@ -124,7 +128,8 @@ class JobOps(StoreBase):
             rows = list(s.scalars(stmt))
         more = len(rows) > limit
         rows = rows[:limit]
-        return [job_record(j) for j in rows], (encode_cursor(rows[-1].seq) if more else None)
+        return ([job_record(j, with_spec=with_spec) for j in rows],
+                encode_cursor(rows[-1].seq) if more else None)
 
     def _locked_job(self, s: Session, job_id: str) -> m.Job:
         stmt = select(m.Job).where(m.Job.id == job_id)
