@@ -33,6 +33,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,6 +45,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.tensor import DTensor
 
 from orchestrator.spec import FaultKind, PPSchedule
@@ -154,6 +156,34 @@ def pp_clip_grad_norm(params: Iterable[nn.Parameter], *, max_norm: float | None,
     return total
 
 
+class _GlooP2PTimeout:
+    """Makes the schedule's p2p waits honour the job's collective timeout on gloo.
+
+    gloo's recv waits with the timeout its group had when it was created (the long init
+    timeout); ``_set_pg_timeout`` reaches collectives but not receives. A stalled pipeline
+    peer would then hang for the init timeout instead of ``collective_timeout_s``. The
+    schedules wait through the module function ``_wait_batch_p2p``; replacing it with one
+    that passes an explicit timeout to ``Work.wait`` fixes that. Only used on CPU: on NCCL a
+    timed wait would block the CPU on every transfer, and NCCL's own watchdog applies the
+    group timeout already.
+    """
+
+    timeout: timedelta | None = None
+    _original = staticmethod(_schedules._wait_batch_p2p)
+
+    @classmethod
+    def install(cls) -> None:
+        _schedules._wait_batch_p2p = cls._wait  # type: ignore[assignment]
+
+    @classmethod
+    def _wait(cls, work: list[dist.Work]) -> None:
+        if cls.timeout is None:
+            cls._original(work)
+            return
+        for w in work:
+            w.wait(cls.timeout)
+
+
 _SCHEDULES = {
     PPSchedule.GPIPE: ScheduleGPipe,
     PPSchedule.ONE_F_ONE_B: Schedule1F1B,
@@ -171,7 +201,8 @@ class PipelineRunner:
 
     def __init__(self, *, parts: Sequence[nn.Module], stages: Sequence[PipelineStage],
                  schedule: Any, pp_group: Any, device: torch.device,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None,
+                 p2p_timeouts_s: tuple[float, float] | None = None) -> None:
         self._parts = list(parts)
         self.stages = list(stages)
         self.schedule = schedule
@@ -181,6 +212,11 @@ class PipelineRunner:
         self.is_last = any(s.is_last for s in self.stages)
         self._step = 0
         self._progress: Progress | None = None
+        # (first step, later steps): the loop's init / steady-state collective timeouts.
+        self._p2p_timeouts_s = p2p_timeouts_s if device.type == "cpu" else None
+        self._steps_run = 0
+        if self._p2p_timeouts_s is not None:
+            _GlooP2PTimeout.install()
         for stage in self.stages:
             self._instrument(stage, faults)
 
@@ -226,6 +262,10 @@ class PipelineRunner:
     def train_step(self, microbatches: Sequence[Batch], *, step: int,
                    progress: Progress) -> torch.Tensor | None:
         self._step, self._progress = step, progress
+        if self._p2p_timeouts_s is not None:
+            first, later = self._p2p_timeouts_s
+            _GlooP2PTimeout.timeout = timedelta(seconds=first if self._steps_run == 0 else later)
+        self._steps_run += 1
         inputs = torch.cat([mb.inputs for mb in microbatches])
         targets = torch.cat([mb.targets for mb in microbatches])
         losses: list[torch.Tensor] = []
@@ -298,4 +338,6 @@ def build_pipeline_runner(ctx: BuildContext) -> PipelineRunner:
                               n_microbatches=par.pp_microbatches * spec.training.grad_accum_steps,
                               loss_fn=ctx.loss_fn)
     return PipelineRunner(parts=parts, stages=stages, schedule=schedule, pp_group=group,
-                          device=ctx.device, faults=ctx.faults)
+                          device=ctx.device, faults=ctx.faults,
+                          p2p_timeouts_s=(spec.fault_tolerance.init_timeout_s,
+                                          spec.fault_tolerance.collective_timeout_s))
