@@ -161,8 +161,14 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
     loss = run.runner.train_step(batches, step=step, progress=run.progress)
     run.progress.enter(Phase.OPTIMIZER)
     loss_value = _reduce_loss(run, loss, step)
-    params = [p for m in run.runner.model_parts for p in m.parameters()]
-    grad_norm = clip_grad_norm(params, run.spec.training.grad_clip)
+    # A pipeline rank holds only its stages' parameters: its runner sums the norm over the
+    # pp group so clipping matches the whole model.
+    runner_clip = getattr(run.runner, "clip_grad_norm", None)
+    if runner_clip is not None:
+        grad_norm = runner_clip(run.spec.training.grad_clip)
+    else:
+        params = [p for m in run.runner.model_parts for p in m.parameters()]
+        grad_norm = clip_grad_norm(params, run.spec.training.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
