@@ -229,7 +229,7 @@ class DiagnosisReport:
     def to_markdown(self) -> str:
         """First line is the summary (the sentence a person acts on), then the detail."""
         culprits = ", ".join(str(r) for r in self.culprit_ranks) or "none"
-        lines = [self.summary, "",
+        lines = [self.summary or f"{self.verdict.value}: no summary.", "",
                  f"**Verdict:** {self.verdict.value} · **culprit ranks:** {culprits} · "
                  f"**confidence:** {self.confidence:.2f}", ""]
         if self.mismatches:

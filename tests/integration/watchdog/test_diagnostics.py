@@ -1,0 +1,51 @@
+"""Worker-side collection in this process: NCCL_DEBUG_FILE tail, stacks, announcements."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.watchdog.inputs import RankEvidence
+from workers import diagnostics
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+
+
+def test_collect_without_process_group_tails_nccl_debug_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host, pid = socket.gethostname(), os.getpid()
+    log = tmp_path / f"nccl.{host}.{pid}.log"
+    shutil.copy(FIX / "nccl_err_ib_completion_status12_nccl1814.log", log)
+    monkeypatch.setenv("NCCL_DEBUG_FILE", str(tmp_path / "nccl.%h.%p.log"))
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="other-worker", daemon=True)
+    t.start()
+    try:
+        s = diagnostics.collect_evidence(tmp_path / "run", 3, stamp="s1", step=41, phase="fwd")
+    finally:
+        stop.set()
+    out = tmp_path / "run" / "diagnostics" / "s1" / "rank3"
+    assert (out / "summary.json").exists() and (out / "stacks.txt").exists()
+    assert "other-worker" in (out / "stacks.txt").read_text()
+    assert "NCCL WARN NET/IB : Got completion" in (out / "nccl_debug_tail.log").read_text()
+    assert len(s["log_errors"]) == 3 and "status=12" in s["log_errors"][0]
+    assert s["errors"] == []
+    ev = RankEvidence.from_summary(s)
+    assert (ev.rank, ev.step, ev.phase, ev.alive) == (3, 41, "fwd", True)
+    assert ev.log_errors == tuple(s["log_errors"])
+
+
+def test_announcement_round_trip(tmp_path: Path) -> None:
+    import torch
+
+    ann = diagnostics.announce_collective(tmp_path, 2, op="all_reduce",
+                                          tensor=torch.ones(5, 2, dtype=torch.bfloat16))
+    assert (ann["sizes"], ann["dtypes"], ann["pg"]) == ([[5, 2]], ["torch.bfloat16"], "0")
+    assert diagnostics.read_announcement(tmp_path, 2) == ann
+    diagnostics.clear_announcement(tmp_path, 2)
+    assert diagnostics.read_announcement(tmp_path, 2) is None

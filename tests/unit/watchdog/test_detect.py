@@ -1,0 +1,118 @@
+"""Stall / dead / silent / straggler policies (pure; decisions only)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.watchdog.detect import (
+    RankProgress,
+    StallPolicy,
+    StragglerPolicy,
+    evaluate_stall,
+    find_stragglers,
+    p95,
+    stall_threshold,
+    straggler_scores,
+)
+
+POLICY = StallPolicy(floor_s=10.0, k=5.0, first_step_timeout_s=120.0, heartbeat_timeout_s=15.0)
+
+
+def ranks(step_changed: float, n: int = 4, hb: float = 100.0) -> list[RankProgress]:
+    return [RankProgress(rank=r, step=7, step_changed_s=step_changed, heartbeat_s=hb)
+            for r in range(n)]
+
+
+def test_p95_nearest_rank() -> None:
+    assert p95([float(i) for i in range(1, 101)]) == 95.0
+    assert p95([]) is None
+    assert p95([3.0]) == 3.0
+
+
+def test_threshold_is_floor_or_k_times_p95() -> None:
+    assert stall_threshold(POLICY, []) == 10.0
+    assert stall_threshold(POLICY, [0.5] * 50) == 10.0
+    assert stall_threshold(POLICY, [4.0] * 50) == 20.0
+
+
+def test_stalled_when_no_rank_advanced_for_the_threshold() -> None:
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=ranks(89.0),
+                       step_times=[1.0] * 20)
+    assert (d.stalled, d.reason, d.threshold_s, d.idle_s) == (True, "stall", 10.0, 11.0)
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=ranks(91.0),
+                       step_times=[1.0] * 20)
+    assert not d.stalled and not d.needs_diagnosis
+
+
+def test_one_rank_advancing_means_not_stalled() -> None:
+    rs = ranks(50.0)
+    rs[2] = RankProgress(rank=2, step=9, step_changed_s=99.0, heartbeat_s=100.0)
+    assert not evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs,
+                              step_times=[1.0]).stalled
+
+
+def test_first_step_uses_the_longer_threshold() -> None:
+    rs = [RankProgress(rank=r, step=None, step_changed_s=None, heartbeat_s=59.0)
+          for r in range(2)]
+    d = evaluate_stall(POLICY, now_s=60.0, started_s=0.0, ranks=rs, step_times=[])
+    assert not d.stalled and d.threshold_s == 120.0
+    d = evaluate_stall(POLICY, now_s=121.0, started_s=0.0, ranks=rs, step_times=[])
+    assert d.stalled and d.reason == "first_step"
+
+
+def test_dead_and_silent_ranks() -> None:
+    rs = ranks(99.0)
+    rs[1] = RankProgress(rank=1, step=7, step_changed_s=99.0, heartbeat_s=80.0)
+    rs[3] = RankProgress(rank=3, step=7, step_changed_s=99.0, heartbeat_s=99.0, alive=False)
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.dead_ranks, d.silent_ranks) == (False, (3,), (1,))
+    assert d.needs_diagnosis
+
+
+def test_fixed_policy_from_spec() -> None:
+    p = StallPolicy.fixed(3.0)
+    assert (p.floor_s, p.k, p.first_step_timeout_s) == (3.0, 0.0, 30.0)
+    assert stall_threshold(p, [100.0] * 10) == 3.0
+
+
+def enter_times(late: dict[int, float], n: int = 20, world: int = 4,
+                jitter: float = 0.002) -> dict[int, dict[tuple[str, int], float]]:
+    return {r: {("0", s): s * 1.0 + (r % 3) * jitter + late.get(r, 0.0)
+                for s in range(1, n + 1)} for r in range(world)}
+
+
+def test_straggler_found_by_time_to_enter() -> None:
+    scores = straggler_scores(enter_times({2: 0.3}))
+    assert find_stragglers(scores) == (2,)
+    s2 = next(s for s in scores if s.rank == 2)
+    assert s2.late_fraction == 1.0 and abs(s2.median_lateness_s - 0.3) < 0.01
+
+
+def test_rank0_straggler_in_two_rank_world() -> None:
+    assert find_stragglers(straggler_scores(enter_times({0: 0.1}, world=2))) == (0,)
+
+
+def test_no_straggler_in_a_healthy_job() -> None:
+    assert find_stragglers(straggler_scores(enter_times({}))) == ()
+
+
+def test_lateness_below_noise_is_not_a_straggler() -> None:
+    noisy = {r: {("0", s): s + ((s * 7 + r * 13) % 10) * 0.01 for s in range(1, 30)}
+             for r in range(4)}
+    noisy[1] = {k: v + 0.02 for k, v in noisy[1].items()}  # late, but within the noise
+    assert find_stragglers(straggler_scores(noisy), StragglerPolicy()) == ()
+
+
+def test_too_few_samples() -> None:
+    assert find_stragglers(straggler_scores(enter_times({1: 1.0}, n=3))) == ()
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e4), max_size=50),
+       st.floats(min_value=0, max_value=1e5), st.floats(min_value=0, max_value=1e5))
+def test_threshold_never_below_floor_and_evaluate_never_raises(
+        times: list[float], now: float, changed: float) -> None:
+    assert stall_threshold(POLICY, times) >= POLICY.floor_s
+    rs = [RankProgress(rank=0, step=1, step_changed_s=changed, heartbeat_s=None)]
+    d = evaluate_stall(POLICY, now_s=now, started_s=0.0, ranks=rs, step_times=times)
+    assert d.stalled == (d.idle_s > d.threshold_s)
