@@ -342,7 +342,8 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     try:
         import torch
 
-        data = torch._C._distributed_c10d._dump_fr_trace(False, False, False)
+        data = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+            False, False, False)
         st = (pickle.loads(data).get("pg_status") or {}).get(pg) or {}  # noqa: S301
         last = st.get("last_enqueued_collective")
         seq = int(last) + 1 if last is not None and int(last) >= 0 else 1

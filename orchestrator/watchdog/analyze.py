@@ -194,8 +194,8 @@ def _mismatch_finding(ctx: _Ctx) -> _Finding | None:
 
 def _exited_finding(ctx: _Ctx) -> _Finding:
     dead = sorted(ctx.dead)
-    times = {r: ctx.by_rank[r].exit_time_s for r in dead
-             if ctx.by_rank[r].exit_time_s is not None}
+    times: dict[int, float] = {r: t for r in dead
+                               if (t := ctx.by_rank[r].exit_time_s) is not None}
     culprits = dead
     if len(times) == len(dead) and len(dead) > 1:
         # Peers of a dead rank often die of its death (connection reset): the first is the cause.

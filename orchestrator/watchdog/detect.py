@@ -16,6 +16,7 @@ import math
 import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class StragglerScore:
 
 
 def straggler_scores(
-        enter_times: Mapping[int, Mapping[Hashable, float]]) -> tuple[StragglerScore, ...]:
+        enter_times: Mapping[int, Mapping[Any, float]]) -> tuple[StragglerScore, ...]:
     """Score every rank from time-to-enter. `enter_times[rank][(pg, seq)] = seconds`."""
     keys: dict[Hashable, dict[int, float]] = {}
     for rank, times in enter_times.items():

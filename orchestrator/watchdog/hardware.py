@@ -55,14 +55,14 @@ def suspect_hardware(*, stuck_groups: Sequence[Sequence[int]],
             on.setdefault(key, set()).add(r)
     for level in _level_order(locations):
         found = []
-        for (lv, name), ranks in sorted(on.items()):
+        for (lv, name), there in sorted(on.items()):
             if lv != level:
                 continue
-            in_stuck = all(ranks & set(g) for g in stuck_groups)
-            in_healthy = sum(1 for g in healthy_groups if ranks & set(g))
+            in_stuck = all(there & set(g) for g in stuck_groups)
+            in_healthy = sum(1 for g in healthy_groups if there & set(g))
             if in_stuck and in_healthy == 0:
                 found.append(SuspectHardware(
-                    level=level, name=name, ranks=tuple(sorted(ranks)),
+                    level=level, name=name, ranks=tuple(sorted(there)),
                     reason=f"shared by all {len(stuck_groups)} stuck group(s) and by no "
                            f"healthy group"))
         # A level where every value qualifies says nothing (one stuck group, no healthy one).
