@@ -1,0 +1,245 @@
+"""The per-attempt controller: one detached, named Ray actor per job attempt.
+
+It outlives the control plane (detached), so a restarted control plane reattaches to it by
+name (`controller_name(job, attempt)` in namespace `meshyard`) and resumes polling from the
+cursor it stored. The controller never writes the database: it appends events to an
+in-memory log with increasing sequence numbers; the control plane reads them with
+`poll(after=cursor)`, writes them, stores the cursor, then `ack`s so the controller may drop
+them. Nothing is dropped before it is acknowledged, so nothing is lost.
+
+Attempt flow (thread `_run`):
+  wait for the placement group (timeout → event placement_timeout)
+  → create one WorkerActor per bundle → read the (node id, GPU id) each got → assign ranks
+  → MASTER_ADDR/PORT on rank 0's node → run → forward metrics / logs / heartbeats
+  → succeeded | failed (grouped errors) | cancelled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from orchestrator.attempt import AttemptConfig, WorkerGang
+
+NAMESPACE = "meshyard"
+_TICK_S = 0.25
+
+
+def controller_name(job_id: str, attempt: int) -> str:
+    return f"meshyard-ctrl-{job_id}-{attempt}"
+
+
+def pg_name(job_id: str, attempt: int) -> str:
+    return f"meshyard-pg-{job_id}-{attempt}"
+
+
+class _EventLog:
+    """Append-only, acknowledged event log (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []
+        self._seq = 0
+
+    def emit(self, kind: str, **data: Any) -> None:
+        with self._lock:
+            self._seq += 1
+            self._events.append({"seq": self._seq, "type": kind, "time": time.time(), **data})
+
+    def after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self._events if e["seq"] > cursor][:limit]
+
+    def ack(self, cursor: int) -> None:
+        with self._lock:
+            self._events = [e for e in self._events if e["seq"] > cursor]
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+
+class AttemptController:
+    """Runs one attempt. Methods other than the run thread are quick and thread-safe."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.cfg = AttemptConfig.from_dict(config)
+        self.log = _EventLog()
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._outcome: str | None = None
+        self._ranks: dict[int, dict[str, Any]] = {}
+        self._ranks_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._gang: WorkerGang | None = None
+
+    # -- control-plane API ------------------------------------------------------------------
+    def start(self) -> bool:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="attempt", daemon=True)
+            self._thread.start()
+        return True
+
+    def poll(self, after: int = 0, limit: int = 500) -> dict[str, Any]:
+        with self._ranks_lock:
+            ranks = [dict(r) for r in self._ranks.values()]
+        return {"events": self.log.after(after, limit), "ranks": ranks, "seq": self.log.seq,
+                "outcome": self._outcome, "job_id": self.cfg.job_id,
+                "attempt": self.cfg.attempt}
+
+    def ack(self, cursor: int) -> None:
+        self.log.ack(cursor)
+
+    def cancel(self, timeout_s: float = 8.0) -> str | None:
+        """Stops the workers (gracefully, then by force) and returns the outcome."""
+        self._cancel.set()
+        self._done.wait(timeout_s)
+        return self._outcome
+
+    def outcome(self) -> str | None:
+        return self._outcome
+
+    def diagnostics(self, timeout_s: float = 10.0) -> dict[int, Any]:
+        """Per-rank evidence from every worker's diagnostics group (for the hang watchdog)."""
+        gang = self._gang
+        return gang.diagnostics(timeout_s=timeout_s) if gang is not None else {}
+
+    # -- attempt thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._attempt()
+        except Exception as exc:  # noqa: BLE001 - any controller bug fails the attempt visibly
+            import traceback
+
+            if self._gang is not None:
+                self._gang.kill()
+
+            self._finish("failed", reason="INTERNAL_ERROR",
+                         message=f"controller error: {type(exc).__name__}: {exc}",
+                         groups=[{"signature": f"{type(exc).__name__}: {exc}", "ranks": [],
+                                  "nodes": [], "count": 0, "example": str(exc),
+                                  "traceback": traceback.format_exc()[-4000:]}],
+                         failed_nodes=[])
+
+    def _attempt(self) -> None:
+        cfg = self.cfg
+        if not self._wait_for_placement():
+            return
+        self._gang = gang = WorkerGang(cfg, cancel=self._cancel)
+        ranks = gang.create()
+        if ranks is None:  # cancelled while creating
+            gang.kill()
+            self._finish("cancelled", message="cancelled while starting workers")
+            return
+        self._set_ranks(ranks)
+        self.log.emit("workers_ready", ranks=ranks, master=gang.master)
+        gang.launch()
+        self._supervise(gang)
+
+    def _wait_for_placement(self) -> bool:
+        cfg = self.cfg
+        pg = ray.util.get_placement_group(cfg.pg_name)
+        ready = pg.ready()
+        deadline = time.monotonic() + cfg.placement_timeout_s
+        t0 = time.monotonic()
+        while True:
+            done, _ = ray.wait([ready], timeout=_TICK_S)
+            if done:
+                self.log.emit("placed", waited_s=round(time.monotonic() - t0, 3))
+                return True
+            if self._cancel.is_set():
+                self._finish("cancelled", message="cancelled while waiting for placement")
+                return False
+            if time.monotonic() > deadline:
+                self._finish("placement_timeout", waited_s=cfg.placement_timeout_s,
+                             message=f"gang reservation of {len(cfg.bundles)} bundles not "
+                             f"ready after {cfg.placement_timeout_s:g} s")
+                return False
+
+    def _supervise(self, gang: WorkerGang) -> None:
+        first_step = False
+        while True:
+            finished = gang.wait(timeout_s=_TICK_S)
+            self._forward(gang.drain())
+            if not first_step and gang.last_steps():
+                first_step = True
+                self.log.emit("first_step", step=min(gang.last_steps().values()))
+            if self._cancel.is_set():
+                gang.stop_all(grace_s=2.0)
+                self._forward(gang.drain())
+                gang.kill()
+                self._finish("cancelled", message="workers stopped on request")
+                return
+            failures = gang.failures()
+            if failures:
+                gang.stop_all(grace_s=3.0)
+                self._forward(gang.drain())
+                failures = gang.failures()  # fallout from other ranks joins the groups
+                gang.kill()
+                self._fail(failures)
+                return
+            if finished and gang.all_done():
+                self._forward(gang.drain())
+                gang.kill()
+                self._finish("succeeded", results=gang.results())
+                return
+
+    def _forward(self, drained: dict[str, Any]) -> None:
+        if drained["metrics"]:
+            self.log.emit("metrics", rows=drained["metrics"])
+        if drained["logs"]:
+            self.log.emit("logs", lines=drained["logs"])
+        if drained["ranks"]:
+            with self._ranks_lock:
+                for rank, upd in drained["ranks"].items():
+                    self._ranks.setdefault(rank, {"rank": rank}).update(upd)
+
+    def _fail(self, failures: list[dict[str, Any]]) -> None:
+        from orchestrator.failures import group_failures, summarise
+
+        groups = group_failures(failures)
+        failed_nodes = sorted({g for grp in groups[:1] for g in grp.nodes})
+        self._finish("failed", reason="WORKER_CRASH", message=summarise(groups),
+                     groups=[g.to_dict() for g in groups], failed_nodes=failed_nodes)
+
+    def _set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        with self._ranks_lock:
+            self._ranks = {r["rank"]: dict(r, state="STARTING") for r in ranks}
+
+    def _finish(self, outcome: str, **data: Any) -> None:
+        with self._ranks_lock:
+            final = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED"}
+            for r in self._ranks.values():
+                if r.get("state") not in ("FAILED",):
+                    r["state"] = final.get(outcome, r.get("state"))
+        self.log.emit(outcome, **data)
+        self._outcome = outcome
+        self._done.set()
+
+
+RemoteController = ray.remote(num_cpus=0, max_concurrency=16, max_restarts=0)(AttemptController)
+
+
+def launch_controller(config: dict[str, Any], *, near_node_id: str | None = None) -> Any:
+    """Creates (detached, named) and starts the controller of one attempt."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    opts: dict[str, Any] = {"name": controller_name(config["job_id"], config["attempt"]),
+                            "namespace": NAMESPACE, "lifetime": "detached"}
+    if near_node_id:
+        # Keep controllers next to the control plane (the head): losing a worker node must
+        # not take the controller with it.
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=True)
+    handle = RemoteController.options(**opts).remote(config)
+    handle.start.remote()
+    return handle
+
+
+def find_controller(job_id: str, attempt: int) -> Any | None:
+    try:
+        return ray.get_actor(controller_name(job_id, attempt), namespace=NAMESPACE)
+    except ValueError:
+        return None

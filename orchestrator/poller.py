@@ -1,0 +1,290 @@
+"""The control plane's side of every controller: poll with a cursor, write, acknowledge.
+
+The poller is the only writer of what the controllers report. Per active job, each pass:
+  find the attempt's controller by name (reattach after a restart) → poll(after=cursor) →
+  write the events in order (state transitions, ranks, metrics, logs) → store the cursor →
+  ack. A crash between writing and storing the cursor replays at most one batch.
+
+Policies (decisions here, actions in the controller / Ray):
+  * failed attempt → RESTARTING → QUEUED while earlier failures < max_failures, else FAILED
+    with MAX_FAILURES and the grouped error;
+  * CANCELLING → controller.cancel(); CANCELLED once it reports (or forcibly after 10 s);
+  * controller gone (control plane was down, node lost): PLACING → requeue; STARTING /
+    RUNNING → a failed attempt (CONTROLLER_LOST) under the same restart policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from orchestrator.controller import NAMESPACE, find_controller, pg_name
+from orchestrator.lifecycle import ACTIVE_STATES, IllegalTransition, JobState, Reason
+from orchestrator.store.records import JobRecord
+from orchestrator.store.repo import Store
+
+log = logging.getLogger("meshyard.poller")
+_POLL_TIMEOUT_S = 10.0
+_CANCEL_DEADLINE_S = 8.0
+_LOST_AFTER_S = 3.0
+_RANK_FIELDS = ("node", "node_id", "gpu", "coords", "state", "step", "phase", "pid")
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value else None
+
+
+def remove_pg(job_id: str, attempt: int) -> None:
+    try:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(ray.util.get_placement_group(pg_name(job_id, attempt)))
+    except (ValueError, RayError):
+        pass  # never created or already removed
+
+
+def kill_controller(job_id: str, attempt: int) -> None:
+    handle = find_controller(job_id, attempt)
+    if handle is not None:
+        with contextlib.suppress(ValueError, RayError):
+            ray.kill(handle, no_restart=True)
+
+
+class Poller:
+    def __init__(self, store: Store, *, launching: set[str] | None = None) -> None:
+        self.store = store
+        # Jobs the scheduler is placing right now (PLACING written, controller not yet
+        # created): not "lost". Shared with the scheduler; set operations are atomic.
+        self.launching = launching if launching is not None else set()
+        self._cancel_sent: dict[tuple[str, int], float] = {}
+        self._ranks_seen: dict[tuple[str, int], dict[int, tuple[Any, ...]]] = {}
+        self._missing: dict[tuple[str, int], float] = {}
+
+    def tick(self) -> None:
+        for job in self.store.active_jobs():
+            try:
+                self._job(job)
+            except Exception:  # noqa: BLE001 - one bad job must not stop the others
+                log.exception("polling %s failed", job.id)
+
+    def _job(self, job: JobRecord) -> None:
+        if job.id in self.launching:
+            return
+        n = job.current_attempt
+        handle = find_controller(job.id, n) if n else None
+        if handle is None:
+            # A name lookup can miss under load; only a miss that lasts is a lost controller.
+            first = self._missing.setdefault((job.id, n), time.monotonic())
+            if time.monotonic() - first >= _LOST_AFTER_S:
+                self._missing.pop((job.id, n), None)
+                self._controller_lost(job)
+            return
+        self._missing.pop((job.id, n), None)
+        if job.state == JobState.CANCELLING:
+            self._request_cancel(job, handle)
+        try:
+            self._drain(job, handle)
+        except (RayActorError, GetTimeoutError) as exc:
+            log.warning("controller of %s attempt %d unreachable: %s", job.id, n, exc)
+            if job.state == JobState.CANCELLING:
+                self._force_cancel(job)
+
+    # -- polling --------------------------------------------------------------------------
+    def _drain(self, job: JobRecord, handle: Any) -> None:
+        n = job.current_attempt
+        cursor = self.store.get_cursor(job.id, n)
+        while True:
+            reply = ray.get(handle.poll.remote(cursor), timeout=_POLL_TIMEOUT_S)
+            self._write_ranks(job.id, n, reply["ranks"])
+            if not reply["events"]:
+                return
+            terminal = None
+            for ev in reply["events"]:
+                terminal = self._apply(job.id, n, ev) or terminal
+            cursor = reply["events"][-1]["seq"]
+            self.store.set_cursor(job.id, n, cursor)
+            handle.ack.remote(cursor)
+            if terminal:
+                self._cleanup(job.id, n)
+                return
+
+    def _write_ranks(self, job_id: str, n: int, ranks: list[dict[str, Any]]) -> None:
+        seen = self._ranks_seen.setdefault((job_id, n), {})
+        changed = []
+        for r in ranks:
+            key = tuple(r.get(k) for k in (*_RANK_FIELDS, "last_heartbeat"))
+            if seen.get(r["rank"]) != key:
+                seen[r["rank"]] = key
+                row = {k: r[k] for k in _RANK_FIELDS if k in r}
+                row["rank"] = r["rank"]
+                if r.get("last_heartbeat"):
+                    row["last_heartbeat"] = _ts(r["last_heartbeat"])
+                changed.append(row)
+        if changed:
+            self.store.upsert_ranks(job_id, n, changed)
+
+    def _apply(self, job_id: str, n: int, ev: dict[str, Any]) -> bool:
+        """Writes one controller event; True when it ends the attempt."""
+        kind = ev["type"]
+        if kind == "metrics":
+            self.store.add_metrics(job_id, n, ev["rows"])
+        elif kind == "logs":
+            self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in ev["lines"]])
+        elif kind == "placed":
+            self._move(job_id, JobState.STARTING, Reason.PLACEMENT_FOUND,
+                       f"gang reservation ready after {ev['waited_s']:g} s")
+        elif kind == "workers_ready":
+            self._write_ranks(job_id, n, [dict(r, state="STARTING") for r in ev["ranks"]])
+            m = ev["master"]
+            self.store.add_event(job_id, kind="info", reason=Reason.WORKERS_READY.value,
+                                 message=f"{len(ev['ranks'])} workers up; rank 0 at "
+                                 f"{m['addr']}:{m['port']}", data={"master": m})
+        elif kind == "first_step":
+            self._move(job_id, JobState.RUNNING, Reason.FIRST_STEP, f"step {ev['step']} done")
+        else:
+            return self._apply_terminal(job_id, n, ev)
+        return False
+
+    def _apply_terminal(self, job_id: str, n: int, ev: dict[str, Any]) -> bool:
+        kind = ev["type"]
+        if kind == "succeeded":
+            self.store.end_attempt(job_id, n, state="SUCCEEDED")
+            self._move(job_id, JobState.SUCCEEDED, Reason.COMPLETED, "training finished")
+        elif kind == "cancelled":
+            self.store.end_attempt(job_id, n, state="CANCELLED", message=ev.get("message", ""))
+            self._finish_cancel(job_id)
+        elif kind == "placement_timeout":
+            self.store.end_attempt(job_id, n, state="PLACEMENT_TIMEOUT", message=ev["message"])
+            self._move(job_id, JobState.QUEUED, Reason.PLACEMENT_TIMEOUT, ev["message"])
+            self.store.set_pending_reason(job_id, {"kind": "placement_timeout",
+                                                   "message": ev["message"],
+                                                   "waited_s": ev.get("waited_s")})
+        elif kind == "failed":
+            self._attempt_failed(job_id, n, reason=Reason(ev.get("reason", "WORKER_CRASH")),
+                                 message=ev["message"],
+                                 data={"groups": ev.get("groups", []),
+                                       "failed_nodes": ev.get("failed_nodes", []),
+                                       "attempt": n})
+        else:
+            log.warning("unknown controller event %s", kind)
+            return False
+        return True
+
+    # -- policies -------------------------------------------------------------------------
+    def _attempt_failed(self, job_id: str, n: int, *, reason: Reason, message: str,
+                        data: dict[str, Any]) -> None:
+        self.store.end_attempt(job_id, n, state="FAILED", failure_reason=reason.value,
+                               message=message)
+        self.store.add_event(job_id, kind="error", reason=reason.value,
+                             message=f"attempt {n} failed: {message}", data=data)
+        job = self.store.get_job(job_id)
+        assert job is not None
+        if job.state == JobState.CANCELLING:
+            self._finish_cancel(job_id)
+            return
+        from orchestrator.spec import parse_spec
+
+        max_failures = parse_spec(job.spec).fault_tolerance.max_failures
+        failures = sum(1 for a in self.store.list_attempts(job_id) if a.state == "FAILED")
+        if failures - 1 < max_failures:
+            self._move(job_id, JobState.RESTARTING, reason,
+                       f"attempt {n} failed ({failures} of {max_failures + 1} allowed): "
+                       f"{message}", data)
+            self._move(job_id, JobState.QUEUED, Reason.RESTART_SCHEDULED,
+                       f"attempt {n + 1} will resume from the latest checkpoint")
+        else:
+            self._move(job_id, JobState.FAILED, Reason.MAX_FAILURES,
+                       f"{failures} failed attempts (max_failures={max_failures}); last: "
+                       f"{message}", data)
+
+    def _move(self, job_id: str, dst: JobState, reason: Reason, message: str,
+              data: dict[str, Any] | None = None) -> None:
+        job = self.store.get_job(job_id)
+        if job is None or job.state == dst:
+            return  # replayed batch after a restart: already applied
+        if job.state == JobState.CANCELLING and dst not in (JobState.CANCELLED, JobState.FAILED):
+            return  # cancel wins over progress reported after it was requested
+        try:
+            self.store.transition(job_id, dst, reason=reason, message=message, data=data)
+        except IllegalTransition as exc:
+            log.warning("%s: %s", job_id, exc)
+
+    def _request_cancel(self, job: JobRecord, handle: Any) -> None:
+        key = (job.id, job.current_attempt)
+        sent = self._cancel_sent.get(key)
+        if sent is None:
+            self._cancel_sent[key] = time.monotonic()
+            handle.cancel.remote()
+        elif time.monotonic() - sent > _CANCEL_DEADLINE_S:
+            self._force_cancel(job)
+
+    def _force_cancel(self, job: JobRecord) -> None:
+        """The controller did not confirm in time: kill it (its workers die with it)."""
+        n = job.current_attempt
+        self._cleanup(job.id, n)
+        self.store.end_attempt(job.id, n, state="CANCELLED", message="stopped by force")
+        self._finish_cancel(job.id)
+
+    def _finish_cancel(self, job_id: str) -> None:
+        self._move(job_id, JobState.CANCELLED, Reason.WORKERS_STOPPED,
+                   "workers stopped, placement group removed")
+
+    def _controller_lost(self, job: JobRecord) -> None:
+        n = job.current_attempt
+        kill_controller(job.id, n)
+        remove_pg(job.id, n)
+        if job.state == JobState.CANCELLING:
+            if n:
+                self.store.end_attempt(job.id, n, state="CANCELLED", message="no controller")
+            self._finish_cancel(job.id)
+        elif job.state in (JobState.PLACING, JobState.RESTARTING):
+            if n:
+                self.store.end_attempt(job.id, n, state="LOST", message="controller lost")
+            self._move(job.id, JobState.QUEUED, Reason.CONTROLLER_LOST,
+                       "the controller was lost before training started; placing again")
+        elif job.state in ACTIVE_STATES:
+            self._attempt_failed(job.id, n, reason=Reason.CONTROLLER_LOST,
+                                 message="the attempt's controller is gone (its node or the "
+                                 "control plane died while it ran)",
+                                 data={"failed_nodes": [], "attempt": n})
+
+    def _cleanup(self, job_id: str, n: int) -> None:
+        kill_controller(job_id, n)
+        remove_pg(job_id, n)
+        self._cancel_sent.pop((job_id, n), None)
+        self._ranks_seen.pop((job_id, n), None)
+
+
+def sweep_orphans(store: Store) -> int:
+    """Removes controllers and placement groups of attempts that are no longer current and
+    active (left behind by a control plane that died between writing and cleaning up)."""
+    from ray.util import placement_group_table
+
+    live = {(j.id, j.current_attempt) for j in store.active_jobs()}
+    removed = 0
+    for info in ray.util.list_named_actors(all_namespaces=True):
+        name = info["name"] if isinstance(info, dict) else info
+        ns = info.get("namespace") if isinstance(info, dict) else NAMESPACE
+        key = _parse_name(name, "meshyard-ctrl-")
+        if ns == NAMESPACE and key and key not in live:
+            kill_controller(*key)
+            removed += 1
+    for pg in placement_group_table().values():
+        key = _parse_name(pg.get("name", ""), "meshyard-pg-")
+        if key and key not in live and pg.get("state") != "REMOVED":
+            remove_pg(*key)
+            removed += 1
+    return removed
+
+
+def _parse_name(name: str, prefix: str) -> tuple[str, int] | None:
+    if not name.startswith(prefix):
+        return None
+    job, _, attempt = name[len(prefix):].rpartition("-")
+    return (job, int(attempt)) if attempt.isdigit() and job else None

@@ -1,0 +1,172 @@
+"""The control plane's runtime: Ray connection, node registry, scheduler and poller threads.
+
+`meshyard serve` builds it with `build_runtime(settings=, store=)` and the API's lifespan calls
+`start()` / `stop()`. Embedded default: without `settings.ray_address` it starts a local Ray
+bound to 127.0.0.1 (and stops it on exit); with one, it joins that cluster and leaves it up.
+
+Start order: connect → register nodes + topology → reconcile (reattach to live controllers by
+name — the poller does that on its first pass — and sweep orphans) → scheduler and poller
+threads. Stop order: threads, then Ray (only if this process started it). Controllers are
+detached: they keep training while the control plane is down and are picked up again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.settings import Settings
+from orchestrator.store.repo import Store
+from orchestrator.topology.model import ClusterTopology
+
+log = logging.getLogger("meshyard.runtime")
+NAMESPACE = "meshyard"
+
+
+def connect_ray(address: str | None) -> bool:
+    """Connects this process to Ray; returns True when it started a local cluster."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                 logging_level=logging.WARNING)
+        return False
+    ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
+    return True
+
+
+class _Loop:
+    """A daemon thread calling `fn` every `interval_s` until stopped; errors are logged."""
+
+    def __init__(self, name: str, fn: Callable[[], Any], interval_s: float) -> None:
+        self._fn, self._interval = fn, interval_s
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._fn()
+            except Exception:  # noqa: BLE001 - a loop survives a bad pass
+                log.exception("%s pass failed", self._thread.name)
+            self._wake.wait(self._interval)
+            self._wake.clear()
+
+
+class Runtime:
+    def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.5,
+                 train_fn: str | None = None, extra_env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.tick_s = tick_s
+        self.train_fn = train_fn
+        self.extra_env = extra_env
+        self.owns_ray = False
+        self._declared: ClusterTopology | None = None
+        self._declared_loaded = False
+        self._loops: list[_Loop] = []
+        self._last_sweep = 0.0
+        self.scheduler: Any = None
+        self.poller: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        import ray
+
+        from orchestrator.poller import Poller, sweep_orphans
+        from orchestrator.scheduler import Scheduler
+
+        t0 = time.perf_counter()
+        self.owns_ray = connect_ray(self.settings.ray_address)
+        runs = Path(self.settings.runs_dir).resolve()
+        runs.mkdir(parents=True, exist_ok=True)
+        self.register_nodes()
+        launching: set[str] = set()
+        self.scheduler = Scheduler(store=self.store, runs_dir=runs, declared=self.declared,
+                                   near_node_id=ray.get_runtime_context().get_node_id(),
+                                   train_fn=self.train_fn, extra_env=self.extra_env,
+                                   launching=launching)
+        self.poller = Poller(self.store, launching=launching)
+        self.poller.tick()  # reconcile: reattach by name, replay from the stored cursors
+        sweep_orphans(self.store)
+        self._loops = [_Loop("meshyard-poller", self._poll_pass, self.tick_s),
+                       _Loop("meshyard-scheduler", self.scheduler.tick, self.tick_s)]
+        for loop in self._loops:
+            loop.start()
+        log.info("runtime up in %.1f s (ray %s)", time.perf_counter() - t0,
+                 "started locally" if self.owns_ray else "joined")
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+        self._loops = []
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+            self.owns_ray = False
+
+    def _poll_pass(self) -> None:
+        from orchestrator.poller import sweep_orphans
+
+        self.poller.tick()
+        if time.monotonic() - self._last_sweep > 30:
+            self._last_sweep = time.monotonic()
+            sweep_orphans(self.store)
+            self.register_nodes()
+
+    # -- topology -------------------------------------------------------------------------
+    def declared(self) -> ClusterTopology | None:
+        if not self._declared_loaded:
+            self._declared_loaded = True
+            if self.settings.cluster_file:
+                from orchestrator.topology.declared import load_cluster_file
+
+                self._declared = load_cluster_file(self.settings.cluster_file)
+        return self._declared
+
+    def register_nodes(self) -> None:
+        """Writes Ray's live nodes joined with their topology into the store (GET /v1/cluster)."""
+        import ray
+
+        from orchestrator.inventory import build_inventory, read_ray_nodes
+        from orchestrator.topology.serialize import node_topology_to_dict
+
+        rn = read_ray_nodes(ray)
+        inv = build_inventory(ray_nodes=rn, declared=self.declared())
+        for node, ray_node in zip(inv.cluster.nodes, rn, strict=True):
+            self.store.upsert_node(name=node.name, node_id=node.node_id, alive=True,
+                                   labels=dict(node.labels), gpus=len(node.topology.gpus),
+                                   cpus=ray_node.cpus,
+                                   topology=node_topology_to_dict(node.topology))
+        self.store.mark_nodes_dead(except_names={n.name for n in inv.cluster.nodes})
+
+    def poke(self) -> None:
+        """Runs the loops now (tests; a submit could call it to shave the tick)."""
+        for loop in self._loops:
+            loop.poke()
+
+
+def build_runtime(*, settings: Settings, store: Store) -> Runtime:
+    return Runtime(settings, store)

@@ -1,0 +1,125 @@
+"""Shared fixtures: one simulated Ray cluster per test module (startup costs seconds).
+
+Cluster: a CPU-only head plus GPU nodes with fake GPUs, labelled `meshyard.io/node` so the
+runtime joins them with the declared topology written next to the database.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from orchestrator.lifecycle import JobState  # noqa: E402
+from orchestrator.settings import Settings  # noqa: E402
+from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.store import open_store  # noqa: E402
+from orchestrator.store.repo import Store  # noqa: E402
+
+GPU_NODES = {"n1": {"gpus": 2, "leaf": "l0"}, "n2": {"gpus": 2, "leaf": "l1"}}
+
+TINY_MODEL = {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
+              "seq_len": 16}
+
+
+def tiny_spec(name: str, **over: Any) -> dict[str, Any]:
+    """A job that trains in a few seconds on CPU (fake GPUs fall back to cpu/gloo)."""
+    spec: dict[str, Any] = {
+        "name": name, "parallelism": {"dp_replicate": 2},
+        "resources": {"cpus_per_worker": 0.25},
+        "model": dict(TINY_MODEL),
+        "training": {"steps": 6, "micro_batch_size": 2, "lr": 0.01},
+        "checkpoint": {"enabled": True, "every_steps": 2, "async_save": False},
+        "fault_tolerance": {"max_failures": 1, "init_timeout_s": 60, "collective_timeout_s": 30},
+    }
+    for key, value in over.items():
+        if key != "parallelism" and isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def write_cluster_file(path: Path, nodes: dict[str, dict[str, Any]] = GPU_NODES) -> Path:
+    doc = {"levels": ["leaf"], "nodes": [
+        {"name": name, "gpus": n["gpus"], "intra_node": "nvswitch", "labels": {"leaf": n["leaf"]}}
+        for name, n in nodes.items()]}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Cluster]:
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        for name, n in GPU_NODES.items():
+            cluster.add_node(num_cpus=2, num_gpus=n["gpus"],
+                             labels={"meshyard.io/node": name, "leaf": n["leaf"]})
+        ray.init(address=cluster.address, namespace="meshyard", log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'meshyard.db'}")
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
+    return Settings(data_dir=tmp_path, ray_address=ray_cluster.address,
+                    cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
+                    allow_fault_injection=True)
+
+
+@pytest.fixture()
+def runtime(settings: Settings, store: Store) -> Iterator[Any]:
+    from orchestrator.runtime import Runtime
+
+    rt = Runtime(settings, store, tick_s=0.2)
+    rt.start()
+    try:
+        yield rt
+    finally:
+        rt.stop()
+
+
+def submit(store: Store, spec: dict[str, Any]) -> str:
+    job, _ = store.submit_job(parse_spec(spec), owner="admin")
+    return job.id
+
+
+def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
+             timeout_s: float = 90.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    job = store.get_job(job_id)
+    while time.monotonic() < deadline:
+        job = store.get_job(job_id)
+        if job is not None and pred(job):
+            return job
+        time.sleep(0.2)
+    events = [(e.kind, e.src, e.dst, e.reason, e.message[:300]) for e in store.list_events(job_id)]
+    raise AssertionError(f"{job_id} never reached {what}: state {job.state if job else None}, "
+                         f"pending {job.pending_reason if job else None}, "
+                         f"events {events}")
+
+
+def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 90.0) -> Any:
+    return wait_for(store, job_id, lambda j: j.state in states, timeout_s=timeout_s,
+                    what="/".join(states))

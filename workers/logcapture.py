@@ -1,0 +1,81 @@
+"""Per-rank stdout / stderr capture at the file-descriptor level.
+
+Why descriptors and not sys.stdout: gloo, NCCL and other C++ code write to fd 1 / 2 directly.
+The files are the durable copy (under the run dir); a tail thread also hands each complete
+line to `sink(stream, line)` so the controller can forward logs to the control plane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+_TAIL_INTERVAL_S = 0.2
+_MAX_LINE = 8192
+
+
+class LogCapture:
+    def __init__(self, *, stdout: Path, stderr: Path,
+                 sink: Callable[[str, str], None]) -> None:
+        self._paths = {"stdout": stdout, "stderr": stderr}
+        self._sink = sink
+        self._saved: dict[int, int] = {}
+        self._offsets = {"stdout": 0, "stderr": 0}
+        self._partial = {"stdout": "", "stderr": ""}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        _flush_std()
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            path = self._paths[stream]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._offsets[stream] = path.stat().st_size if path.exists() else 0
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._saved[fd] = os.dup(fd)
+            os.dup2(target, fd)
+            os.close(target)
+        self._thread = threading.Thread(target=self._tail, name="meshyard-logtail", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        _flush_std()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved.clear()
+        self._read_all(final=True)
+
+    def _tail(self) -> None:
+        while not self._stop.wait(_TAIL_INTERVAL_S):
+            _flush_std()
+            self._read_all(final=False)
+
+    def _read_all(self, *, final: bool) -> None:
+        for stream, path in self._paths.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets[stream])
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[stream] += len(data)
+            text = self._partial[stream] + data.decode("utf-8", errors="replace")
+            lines = text.split("\n")
+            self._partial[stream] = "" if final else lines.pop()
+            for line in lines:
+                if line or not final:
+                    self._sink(stream, line[:_MAX_LINE])
+
+
+def _flush_std() -> None:
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            s.flush()
