@@ -105,7 +105,7 @@ def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
         return {}, "No estimate: ranks run without GPUs or the cluster topology is unknown."
     try:
         cluster = _cluster_from_nodes(nodes)
-        slots = [(r.node, r.gpu) for r in sorted(ranks, key=lambda r: r.rank)]
+        slots = [(str(r.node), int(r.gpu or 0)) for r in sorted(ranks, key=lambda r: r.rank)]
         est = estimate_slots(slots, mesh=mesh, links=LinkModel(cluster), model=dims)
     except (ValueError, KeyError) as exc:
         log.info("no communication estimate: %s", exc)

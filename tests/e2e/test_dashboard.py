@@ -54,6 +54,8 @@ def page(context: Any, server: Server) -> Any:
     p.errors = []  # type: ignore[attr-defined]
     p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))
     p.on("pageerror", lambda e: p.errors.append(str(e)))
+    # CSP violations and failed loads show up as console errors, not page errors.
+    p.on("console", lambda m: p.errors.append(m.text) if m.type == "error" else None)
     p.goto("/login")
     p.fill("#token", server.token)
     p.click("#login-submit")
@@ -260,3 +262,27 @@ def test_cluster_page_shows_usage_and_levels(page: Any, server: Server, nodes: l
     assert "spine-0" in tree and "leaf-a" in tree and "leaf-b" in tree
     shoot(page, artifacts_dir, "cluster")
     assert page.errors == []
+
+
+def test_pagination_and_owner_filter(page: Any, server: Server) -> None:
+    server.store.create_user("pager")
+    for i in range(120):
+        submit(server.store, spec_doc(f"page-{i:03d}"), owner="pager")
+    page.goto("/?owner=pager")
+    rows = page.locator("#jobs-body tr")
+    page.wait_for_function("() => document.querySelectorAll('#jobs-body tr').length === 50")
+    assert rows.first.locator("a.job-link").inner_text() == "page-119"  # newest first
+    page.click("#next")
+    page.wait_for_function("() => document.querySelector('#jobs-body a.job-link')"
+                           ".textContent === 'page-069'")
+    assert page.locator("#page-label").inner_text() == "page 2"
+    page.click("#next")
+    page.wait_for_function("() => document.querySelectorAll('#jobs-body tr').length === 20")
+    assert rows.last.locator("a.job-link").inner_text() == "page-000"
+    assert page.locator("#next").is_disabled()
+    page.click("#prev")
+    page.wait_for_function("() => document.querySelector('#jobs-body a.job-link')"
+                           ".textContent === 'page-069'")
+    page.fill("#f-owner", "nobody-has-this-name")
+    page.locator("#jobs-empty").wait_for(state="visible")
+    assert page.locator("#page-label").inner_text() == "page 1"
