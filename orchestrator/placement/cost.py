@@ -25,7 +25,7 @@ Example: tp=8 on one H100 node (NV18, 450 GB/s), 32 blocks, 4096 x 4096 bf16 act
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,17 +183,20 @@ class Estimate:
                 "dimensions": [d.as_dict() for d in self.dimensions]}
 
 
-def _dimension_groups(mesh: MeshShape, dim: str,
-                      slots: Sequence[Member]) -> list[list[Sequence[Member]]]:
+def _dimension_parts(mesh: MeshShape, dim: str,
+                     slots: Sequence[Member]) -> Iterator[list[Sequence[Member]]]:
     """Per group, the member sets whose links bound it (pp: each consecutive stage pair)."""
-    out = []
     for ranks in mesh.groups(dim):
-        members = [slots[r] for r in ranks]
         if dim == "pp":
-            out.append([(members[i], members[i + 1]) for i in range(len(members) - 1)])
+            yield [(slots[ranks[i]], slots[ranks[i + 1]]) for i in range(len(ranks) - 1)]
         else:
-            out.append([members])
-    return out
+            yield [[slots[r] for r in ranks]]
+
+
+def _row_seconds(rows: list[CommRow], link: Link, *, exposed: bool) -> float:
+    return sum(r.calls_per_step * (1 - r.overlap if exposed else 1.0)
+               * call_seconds(r.primitive, n=r.participants, nbytes=r.bytes_per_call, link=link)
+               for r in rows)
 
 
 def estimate_slots(slots: Sequence[Member], *, mesh: MeshShape, links: LinkModel,
@@ -205,28 +208,24 @@ def estimate_slots(slots: Sequence[Member], *, mesh: MeshShape, links: LinkModel
     dims: list[DimensionEstimate] = []
     for dim in dict.fromkeys(r.dimension for r in rows):
         dim_rows = [r for r in rows if r.dimension == dim]
-        slowest: tuple[float, float, Link] | None = None
-        groups = _dimension_groups(mesh, dim, slots)
-        for parts in groups:
+        # groups run concurrently: the dimension takes as long as its slowest group
+        seen: dict[Link, float] = {}
+        for parts in _dimension_parts(mesh, dim, slots):
             link = _worst_of(links, parts)
-            if link is None:
-                continue
-            t = sum(r.calls_per_step * call_seconds(r.primitive, n=r.participants,
-                                                    nbytes=r.bytes_per_call, link=link)
-                    for r in dim_rows)
-            exposed = sum(r.calls_per_step * (1 - r.overlap)
-                          * call_seconds(r.primitive, n=r.participants,
-                                         nbytes=r.bytes_per_call, link=link) for r in dim_rows)
-            if slowest is None or t > slowest[0]:
-                slowest = (t, exposed, link)
-        if slowest is not None:
-            dims.append(DimensionEstimate(dim, dim_rows[0].participants, len(groups),
-                                          slowest[0], slowest[1], slowest[2].kind,
-                                          slowest[2].gbs))
+            if link is not None and link not in seen:
+                seen[link] = _row_seconds(dim_rows, link, exposed=False)
+        if seen:
+            link = max(seen, key=lambda k: (seen[k], -k.gbs, k.kind))
+            dims.append(DimensionEstimate(dim, dim_rows[0].participants,
+                                          len(mesh.groups(dim)), seen[link],
+                                          _row_seconds(dim_rows, link, exposed=True), link.kind,
+                                          link.gbs))
     return Estimate(tuple(dims), sum(d.seconds for d in dims), sum(d.exposed_seconds for d in dims))
 
 
 def _worst_of(links: LinkModel, parts: list[Sequence[Member]]) -> Link | None:
+    if len(parts) == 1:
+        return links.group_link(parts[0])
     return worst(link for p in parts if (link := links.group_link(p)) is not None)
 
 

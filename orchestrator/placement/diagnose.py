@@ -55,9 +55,9 @@ def _largest_domain(cluster: ClusterTopology, packing: Packing, *, avoid: frozen
         if node.name in avoid or node.node_id in avoid:
             continue
         free = free_of(node, ignore_busy=ignore_busy)
-        label = nvlink_domain_key(cluster, node)
-        if packing.pools and label:
-            pools["/".join(label)] = pools.get("/".join(label), 0) + len(free)
+        key = nvlink_domain_key(cluster, node)
+        if packing.pools and key:
+            pools["/".join(key)] = pools.get("/".join(key), 0) + len(free)
             continue
         for dom in tp_domains(node, free, packing.tp_within):
             if len(dom) > best[0]:

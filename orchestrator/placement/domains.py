@@ -91,8 +91,9 @@ def node_cap(node: ClusterNode, free: list[int], packing: Packing) -> int:
 
 
 def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[str] = frozenset(),
-               ignore_busy: bool = False) -> Domain:
-    """The domain tree with capacities. Avoided nodes (by name or id) are left out."""
+               ignore_busy: bool = False, max_per_node: int | None = None) -> Domain:
+    """The domain tree with capacities. Avoided nodes (by name or id) are left out.
+    `max_per_node` caps each node's capacity (the solver's spread candidates)."""
     levels = tuple(reversed(cluster.levels))  # coarsest first
     root = Domain(level="cluster", path=(), order=0)
     index: dict[tuple[str, ...], Domain] = {(): root}
@@ -111,8 +112,11 @@ def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[s
                 parent.children.append(dom)
             parent = index[path]
         free = free_of(node, ignore_busy=ignore_busy)
-        leaf = Domain(level="node", path=(*full, node.name), order=i, node=node,
-                      cap=node_cap(node, free, packing), free=len(free))
+        cap = node_cap(node, free, packing)
+        if max_per_node is not None:
+            cap = min(cap, max_per_node)
+        leaf = Domain(level="node", path=(*full, node.name), order=i, node=node, cap=cap,
+                      free=len(free))
         parent.children.append(leaf)
     _sum_caps(root, packing)
     return root

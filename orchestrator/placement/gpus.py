@@ -55,14 +55,20 @@ def pick_subset(node: ClusterNode, free: Sequence[int], n: int, *, tp: int, link
 
 
 def pick_node_gpus(node: ClusterNode, n: int, *, packing: Packing, links: LinkModel,
-                   rails: frozenset[int] = frozenset(), pooled: bool = False) -> list[int]:
-    """n free GPUs of `node`. Strict NVLink packing keeps whole TP groups per NVLink
-    component, BestFit over components (tightest that fits, else largest first)."""
-    free = list(node.free_gpus)
+                   rails: frozenset[int] = frozenset(), pooled: bool = False,
+                   only: frozenset[int] | None = None) -> list[int] | None:
+    """n free GPUs of `node` (only among `only` when given; None when they cannot hold the
+    TP groups). Strict NVLink packing keeps whole TP groups per NVLink component, BestFit
+    over components (tightest that fits, else largest first)."""
+    free = [g for g in node.free_gpus if only is None or g in only]
+    if len(free) < n:
+        return None
     if not packing.strict or packing.tp_within != "nvlink_domain" or pooled:
         return pick_subset(node, free, n, tp=packing.tp, links=links, rails=rails)
     comps = [c for c in tp_domains(node, free, "nvlink_domain") if len(c) >= packing.tp]
     groups = n // packing.tp
+    if sum(len(c) // packing.tp for c in comps) < groups:
+        return None
     out: list[int] = []
     left = sorted(comps, key=lambda c: (-(len(c) // packing.tp), len(c), c))
     while groups > 0:

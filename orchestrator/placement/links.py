@@ -167,6 +167,7 @@ class LinkModel:
         self._nodes = {n.name: n for n in cluster.nodes}
         self._net_levels = tuple(lv for lv in cluster.levels if lv != NVLINK_DOMAIN_LEVEL)
         self._nvl = {n.name: nvlink_domain_key(cluster, n) for n in cluster.nodes}
+        self._any_nvl = any(self._nvl.values())
         self._ring_cache: dict[tuple[str, tuple[int, ...]], Link | None] = {}
         self._span_cache: dict[tuple[str, ...], int] = {}
         self._net_cache: dict[tuple[int, bool], Link] = {}
@@ -226,6 +227,11 @@ class LinkModel:
 
     def group_link(self, members: Sequence[Member]) -> Link | None:
         """Bottleneck link of a collective over `members` (None when there is one member)."""
+        if len(members) < 2:
+            return None
+        first = members[0][0]
+        if all(m[0] == first for m in members):  # the common case: one node
+            return self.ring(first, [g for _, g in members])
         by_node: dict[str, list[int]] = {}
         for name, gpu in members:
             if name in by_node:
@@ -234,7 +240,7 @@ class LinkModel:
                 by_node[name] = [gpu]
         links = [self.ring(name, gpus) for name, gpus in by_node.items() if len(gpus) > 1]
         if len(by_node) > 1:
-            domains = {self.nvlink_domain(n) for n in by_node}
+            domains = {self._nvl[n] for n in by_node} if self._any_nvl else {None}
             if len(domains) == 1 and None not in domains:
                 f = self.figures
                 links.append(Link("NVL-domain", f.nvlink4_gbs, f.nvlink_alpha_us * 1e-6))

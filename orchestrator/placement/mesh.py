@@ -17,6 +17,7 @@ Example, MeshShape(pp=2, dp_replicate=1, dp_shard=2, tp=2) (world 8):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -82,11 +83,15 @@ class MeshShape:
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:
         """Rank groups that differ only along `dim`, each ascending, ordered by first rank."""
-        size, stride = getattr(self, dim), self.stride(dim)
-        block = size * stride
-        return [tuple(base + i * stride for i in range(size))
-                for base in range(self.world_size)
-                if (base % block) < stride]
+        return list(_groups(self, dim))
 
     def as_dict(self) -> dict[str, int]:
         return {d: getattr(self, d) for d in DIMS}
+
+
+@lru_cache(maxsize=256)
+def _groups(mesh: MeshShape, dim: str) -> tuple[tuple[int, ...], ...]:
+    size, stride = getattr(mesh, dim), mesh.stride(dim)
+    block = size * stride
+    return tuple(tuple(base + i * stride for i in range(size))
+                 for base in range(mesh.world_size) if (base % block) < stride)

@@ -61,10 +61,20 @@ class RankPlacement:
                 "gpu": self.gpu, "coords": dict(self.coords)}
 
 
+_ORDER: dict[int, tuple[ClusterTopology, dict[str, int]]] = {}
+
+
 def node_order(cluster: ClusterTopology) -> dict[str, int]:
     """Position of every node along the switch tree (coarsest label first, then name)."""
+    hit = _ORDER.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
     ordered = sorted(cluster.nodes, key=lambda n: (cluster.path(n), n.name))
-    return {n.name: i for i, n in enumerate(ordered)}
+    out = {n.name: i for i, n in enumerate(ordered)}
+    if len(_ORDER) > 64:  # clusters are few and long-lived; keep the cache small
+        _ORDER.clear()
+    _ORDER[id(cluster)] = (cluster, out)
+    return out
 
 
 def _group_cost(topo: NodeTopology, group: Sequence[int]) -> tuple[float, float]:
@@ -191,21 +201,32 @@ def tp_groups(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]], *, 
     return sorted(groups, key=lambda grp: (order[grp[0][0]], tuple(g for _, g in grp)))
 
 
-def assign_ranks(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str, Sequence[int]],
-                 *, tp_within: str = "nvlink_domain") -> tuple[RankPlacement, ...]:
-    """Global rank -> (node, GPU) for the GPUs in `chosen` (node name -> local GPU indices)."""
+def assign_slots(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str, Sequence[int]],
+                 *, tp_within: str = "nvlink_domain") -> list[tuple[str, int]]:
+    """(node name, GPU) of each global rank, for the GPUs in `chosen` (rules 1-4)."""
     total = sum(len(v) for v in chosen.values())
     if total != mesh.world_size:
         raise ValueError(f"{total} GPUs chosen for world size {mesh.world_size}")
     order = node_order(cluster)
+    out: list[tuple[str, int]] = []
+    for group in tp_groups(cluster, chosen, tp=mesh.tp, tp_within=tp_within):
+        out += sorted(group, key=lambda m: (order[m[0]], m[1]))
+    return out
+
+
+def to_rank_placements(cluster: ClusterTopology, mesh: MeshShape,
+                       slots: Sequence[tuple[str, int]]) -> tuple[RankPlacement, ...]:
     keys = {n.name: n.key for n in cluster.nodes}
-    out: list[RankPlacement] = []
-    for i, group in enumerate(tp_groups(cluster, chosen, tp=mesh.tp, tp_within=tp_within)):
-        for t, (name, gpu) in enumerate(sorted(group, key=lambda m: (order[m[0]], m[1]))):
-            rank = i * mesh.tp + t
-            out.append(RankPlacement(rank=rank, node=name, node_key=keys[name], gpu=gpu,
-                                     coords=mesh.coords(rank)))
-    return tuple(out)
+    return tuple(RankPlacement(rank=rank, node=name, node_key=keys[name], gpu=gpu,
+                               coords=mesh.coords(rank))
+                 for rank, (name, gpu) in enumerate(slots))
+
+
+def assign_ranks(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str, Sequence[int]],
+                 *, tp_within: str = "nvlink_domain") -> tuple[RankPlacement, ...]:
+    """Global rank -> (node, GPU) for the GPUs in `chosen` (node name -> local GPU indices)."""
+    return to_rank_placements(cluster, mesh,
+                              assign_slots(cluster, mesh, chosen, tp_within=tp_within))
 
 
 def ranks_for_actors(cluster: ClusterTopology, mesh: MeshShape, actors: Sequence[tuple[str, int]],

@@ -23,6 +23,7 @@ tp=4, dp_replicate=1 -> one TP group; every node holds it, node-b is the tightes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from orchestrator.placement.blocks import block_sizes, candidates
@@ -30,11 +31,15 @@ from orchestrator.placement.cost import Estimate, ModelDims, estimate_slots
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
 from orchestrator.placement.domains import Domain, Packing, build_tree, shape
 from orchestrator.placement.gpus import pick_node_gpus
-from orchestrator.placement.links import LinkFigures, LinkModel
+from orchestrator.placement.links import LinkFigures, LinkModel, intra_node_link
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.nodeinfo import islands, nvlink_domain_key
-from orchestrator.placement.ranks import RankPlacement, assign_ranks
-from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology
+from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
+from orchestrator.placement.ranks import RankPlacement, assign_slots, to_rank_placements
+from orchestrator.topology.model import (
+    NVLINK_DOMAIN_LEVEL,
+    ClusterTopology,
+    NodeTopology,
+)
 
 __all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "solve"]
 
@@ -106,20 +111,48 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
         root = build_tree(cluster, packing, avoid=avoid)
         units = mesh.world_size // packing.unit
         if root.cap >= units:
-            placed = _best_candidate(cluster, mesh, root=root, units=units, packing=packing,
-                                     links=links, model=model)
+            roots = [root] + [build_tree(cluster, packing, avoid=avoid, max_per_node=m)
+                              for m in _spreads(root, units=units, links=links)]
+            placed = _best_candidate(cluster, mesh, roots=[r for r in roots if r.cap >= units],
+                                     units=units, packing=packing, links=links, model=model)
             relaxed = packing.tp_within != c.tp_within or not packing.strict
             return _with_notes(placed, relaxed=relaxed, wanted=c.tp_within, links=links)
     return diagnose(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
 
 
-def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, root: Domain, units: int,
-                    packing: Packing, links: LinkModel, model: ModelDims | None) -> Placement:
-    """The cheapest of the BestFit candidates (plain and block-aligned, see blocks.py);
-    ties go to the earlier candidate: plain BestFit first, tightest domain first."""
-    best: Placement | None = None
+def _spreads(root: Domain, *, units: int, links: LinkModel) -> list[int]:
+    """Caps on units per node worth trying. Packing a job into one node is best unless the
+    node's own links are slower than the network (PCIe NODE/SYS paths, DGX-1 single NVLinks):
+    then spreading some groups over nodes can be cheaper, and the cost model decides."""
+    nodes = [d.node for d in root.nodes() if d.node is not None and d.cap > 0]
+    if len(nodes) < 2 or all(_slowest_intra_gbs(n.topology, links) >= links.figures.network_gbs
+                             for n in nodes):
+        return []
+    top = max(d.cap for d in root.nodes())
+    out, m = [], 1
+    while m < top and m < units:
+        out.append(m)
+        m *= 2
+    return out
+
+
+def _slowest_intra_gbs(topo: NodeTopology, links: LinkModel) -> float:
+    kind = uniform_kind(topo)
+    if kind is not None:
+        return intra_node_link(kind, links.figures).gbs
+    return min((intra_node_link(k, links.figures).gbs for k in set(topo.links.values())),
+               default=float("inf"))
+
+
+def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Domain],
+                    units: int, packing: Packing, links: LinkModel,
+                    model: ModelDims | None) -> Placement:
+    """The cheapest of the BestFit candidates (plain and block-aligned, see blocks.py, on the
+    tree and on its spread variants); ties go to the earliest: plain BestFit first, tightest
+    domain first."""
+    best: tuple[Estimate, list[tuple[str, int]], Domain] | None = None
     tried: set[object] = set()
-    for blk in block_sizes(mesh):
+    for root, blk in ((r, b) for r in roots for b in block_sizes(mesh)):
         per_block = blk * mesh.tp // packing.unit
         shapes: set[object] = set()
         for dom, counts in candidates(root, units=units, per_block=per_block, packing=packing,
@@ -130,35 +163,58 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, root: Domain, 
             shapes.add(twin)
             if len(shapes) > _CANDIDATES:
                 break
-            chosen = _choose_gpus(cluster, counts, packing=packing, links=links)
-            key = frozenset((n, tuple(g)) for n, g in chosen.items())
-            if key in tried:
-                continue
-            tried.add(key)
-            ranks = assign_ranks(cluster, mesh, chosen, tp_within=packing.tp_within)
-            est = estimate_slots([(r.node, r.gpu) for r in ranks], mesh=mesh, links=links,
-                                 model=model)
-            if best is None or est.total_s < best.estimate.total_s * (1 - 1e-9):
-                best = Placement(mesh=mesh, ranks=ranks, estimate=est, level=dom.level,
-                                 domain=dom.path, tp_within=packing.tp_within)
+            for rail_first in (False, True):
+                chosen = _choose_gpus(cluster, counts, packing=packing, links=links,
+                                      rail_first=rail_first)
+                if chosen is None:
+                    continue
+                key = frozenset((n, tuple(g)) for n, g in chosen.items())
+                if key in tried:
+                    continue
+                tried.add(key)
+                slots = assign_slots(cluster, mesh, chosen, tp_within=packing.tp_within)
+                est = estimate_slots(slots, mesh=mesh, links=links, model=model)
+                if best is None or est.total_s < best[0].total_s * (1 - 1e-9):
+                    best = (est, slots, dom)
     assert best is not None, "capacity was checked before"
-    return best
+    est, slots, dom = best
+    return Placement(mesh=mesh, ranks=to_rank_placements(cluster, mesh, slots), estimate=est,
+                     level=dom.level, domain=dom.path, tp_within=packing.tp_within)
 
 
 def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: Packing,
-                 links: LinkModel) -> dict[str, list[int]]:
+                 links: LinkModel, rail_first: bool = False) -> dict[str, list[int]] | None:
     """GPUs per node. Nodes taken whole go first; their indices become the rails the
-    partially used nodes prefer, so data-parallel peers line up on the same local GPU."""
+    partially used nodes prefer, so data-parallel peers line up on the same local GPU.
+
+    rail_first: partial nodes take GPU indices free on all of them (the first one's choice
+    when it fits the others), even over better links inside a node; None when impossible.
+    """
     pools = packing.pools and NVLINK_DOMAIN_LEVEL in cluster.levels
     nodes = {name: links.node(name) for name in counts}
     whole = [n for n in sorted(counts) if counts[n] >= len(nodes[n].free_gpus)]
-    out = {n: list(nodes[n].free_gpus) for n in whole}
+    out: dict[str, list[int]] = {n: list(nodes[n].free_gpus) for n in whole}
+    part_used = sorted(set(counts) - set(whole))
     rails = frozenset(g for n in whole for g in out[n])
-    for name in sorted(set(counts) - set(whole)):
+    common: frozenset[int] | None = None
+    if rail_first:
+        if len(part_used) < 2:
+            return None
+        common = frozenset.intersection(*(frozenset(nodes[n].free_gpus) for n in part_used))
+    for name in part_used:
         node = nodes[name]
-        out[name] = pick_node_gpus(node, counts[name], packing=packing, links=links, rails=rails,
-                                   pooled=pools and nvlink_domain_key(cluster, node) is not None)
-        rails |= frozenset(out[name])
+        pooled = pools and nvlink_domain_key(cluster, node) is not None
+        pick = partial(pick_node_gpus, node, counts[name], packing=packing, links=links,
+                       rails=rails, pooled=pooled)
+        if common is None:
+            got = pick(only=None)
+        else:
+            same = frozenset(out[part_used[0]]) if name != part_used[0] else None
+            got = (pick(only=same) if same else None) or pick(only=common)
+        if got is None:
+            return None
+        out[name] = got
+        rails |= frozenset(got)
     return out
 
 
