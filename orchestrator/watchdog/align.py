@@ -36,6 +36,8 @@ class Fingerprint:
     dtypes: tuple[str, ...]
 
     def text(self) -> str:
+        if not self.sizes and not self.dtypes:
+            return self.op  # from logs that name only the op type
         sizes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in self.sizes)
         return f"{self.op}([{sizes}], {','.join(self.dtypes) or '?'})"
 
@@ -89,7 +91,9 @@ def _fingerprints(ev: RankEvidence, pg: str) -> dict[int, Fingerprint]:
             dtypes = tuple(norm_dtype(d) for d in e.input_dtypes)
             out[seq] = Fingerprint(e.op, e.input_sizes, dtypes)
     for p in ev.pending:
-        if p.pg == pg and not p.is_p2p and p.seq is not None and p.seq not in out:
+        # op "?" is progress without an op (from logs): it cannot disagree with anything.
+        if p.pg == pg and not p.is_p2p and p.seq is not None and p.seq not in out \
+                and p.op != "?":
             out[p.seq] = Fingerprint(p.op, p.sizes, tuple(norm_dtype(d) for d in p.dtypes))
     return out
 
@@ -181,4 +185,5 @@ def _one_mismatch(pg: str, seq: int, at: Mapping[int, Fingerprint]) -> Mismatch:
         field = "dtypes"
     expected = "no majority (tie)" if tie else ref.text()
     return Mismatch(pg=pg, seq=seq, field=field, expected=expected,
-                    actual={r: fp.text() for r, fp in deviants.items()})
+                    actual={r: fp.text() for r, fp in deviants.items()},
+                    agreeing=tuple(r for r in at if r not in deviants))

@@ -177,14 +177,13 @@ def _mismatch_finding(ctx: _Ctx) -> _Finding | None:
     v = min(views, key=lambda v: (v.stuck_seq is None, v.mismatches[0].seq or 0))
     m = v.mismatches[0]
     tie = m.expected.startswith("no majority")
-    others = len([r for r in v.members if r not in m.actual])
+    others = len(m.agreeing)
     ran = "; ".join(f"{val} on rank {r}" for r, val in sorted(m.actual.items())[:4])
     if tie:
         summary = (f"{advice.ranks_text(m.ranks)} disagree on collective #{m.seq} on "
                    f"{v.label()}: {ran}; no majority says which is right.")
     else:
-        verb = "called" if len(m.ranks) == 1 else "called"
-        summary = (f"{_who(ctx, m.ranks)} {verb} {', '.join(sorted(set(m.actual.values())))}"
+        summary = (f"{_who(ctx, m.ranks)} called {', '.join(sorted(set(m.actual.values())))}"
                    f" at collective #{m.seq} on {v.label()} while the other {others} "
                    f"rank(s) called {m.expected} ({m.field} differ).")
     conf = (0.5 if tie else 0.9) * min(1.0, 0.5 + ctx.coverage / 2)
@@ -281,7 +280,8 @@ def _sink_summary(ctx: _Ctx, sinks: list[int], p2p: bool) -> str:
     missing_info = [r for r in sinks if r in v.unknown]
     extra = f" (no evidence from {advice.ranks_text(missing_info).lower()})" if missing_info \
         else ""
-    return (f"{_who(ctx, sinks)} never entered {v.stuck_op} #{v.stuck_seq} on {v.label()}; "
+    return (f"{_who(ctx, sinks)} never entered {v.stuck_op or 'collective'} #{v.stuck_seq} on "
+            f"{v.label()}; "
             f"the other {n} rank{'s are' if n != 1 else ' is'} waiting in it{extra}.")
 
 

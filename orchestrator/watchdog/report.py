@@ -129,9 +129,11 @@ class Mismatch:
     field: str
     expected: str
     actual: Mapping[int, str]
+    agreeing: tuple[int, ...] = ()  # ranks that ran `expected`
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "actual", MappingProxyType(dict(self.actual)))
+        object.__setattr__(self, "agreeing", tuple(sorted(self.agreeing)))
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -144,13 +146,15 @@ class Mismatch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"pg": self.pg, "seq": self.seq, "field": self.field, "expected": self.expected,
-                "actual": {str(r): v for r, v in self.actual.items()}, "ranks": list(self.ranks)}
+                "actual": {str(r): v for r, v in self.actual.items()}, "ranks": list(self.ranks),
+                "agreeing": list(self.agreeing)}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Mismatch:
         return Mismatch(pg=str(d["pg"]), seq=d.get("seq"), field=str(d["field"]),
                         expected=str(d["expected"]),
-                        actual={int(r): str(v) for r, v in (d.get("actual") or {}).items()})
+                        actual={int(r): str(v) for r, v in (d.get("actual") or {}).items()},
+                        agreeing=tuple(int(r) for r in d.get("agreeing") or ()))
 
 
 @dataclass(frozen=True)
