@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Start this machine's Ray node with its topology levels as Ray labels (systemd runs it).
+#
+#   ray-node.sh head      ray start --head on RAY_PORT (default 6379)
+#   ray-node.sh worker    ray start --address RAY_HEAD_ADDRESS
+#
+# Levels come from `meshyard topo labels`: discovered on this node (NVML fabric clique →
+# nvlink_domain) plus the operator's labels in MESHYARD_NODE_LABELS_FILE (k=v lines, e.g.
+# leaf=leaf-a, spine=spine-0, or Kubernetes/cloud keys such as nvidia.com/gpu.clique) and
+# MESHYARD_NODE_LABELS (k=v,k=v). The node is named MESHYARD_NODE_NAME (default: the short
+# hostname), the name a declared cluster file uses for it.
+# MESHYARD_DRY_RUN=1 prints the ray command instead of running it.
+set -euo pipefail
+
+role="${1:-}"
+if [[ "$role" != "head" && "$role" != "worker" ]]; then
+  echo "usage: $0 head|worker" >&2
+  exit 2
+fi
+
+MESHYARD_BIN="${MESHYARD_BIN:-/opt/meshyard/venv/bin}"
+labels_file="${MESHYARD_NODE_LABELS_FILE:-/etc/meshyard/node-labels}"
+node_name="${MESHYARD_NODE_NAME:-$(hostname -s)}"
+
+topo_args=(topo labels --node-name "$node_name")
+if [[ -r "$labels_file" ]]; then
+  topo_args+=(--labels-file "$labels_file")
+fi
+labels="$("$MESHYARD_BIN/meshyard" "${topo_args[@]}")"
+echo "meshyard topology labels for $node_name: $labels" >&2
+
+cmd=("$MESHYARD_BIN/ray" start --block --labels "$labels")
+if [[ -n "${RAY_NODE_IP:-}" ]]; then
+  cmd+=(--node-ip-address "$RAY_NODE_IP")
+fi
+if [[ "$role" == "head" ]]; then
+  # The dashboard stays on loopback; reach it through an SSH tunnel or the proxy.
+  cmd+=(--head --port "${RAY_PORT:-6379}" --dashboard-host 127.0.0.1)
+else
+  if [[ -z "${RAY_HEAD_ADDRESS:-}" ]]; then
+    echo "RAY_HEAD_ADDRESS is not set (e.g. 10.0.0.1:6379 in /etc/meshyard/ray.env)" >&2
+    exit 2
+  fi
+  cmd+=(--address "$RAY_HEAD_ADDRESS")
+fi
+
+if [[ "${MESHYARD_DRY_RUN:-0}" == "1" ]]; then
+  printf '%q ' "${cmd[@]}"
+  echo
+  exit 0
+fi
+exec "${cmd[@]}"
