@@ -7,6 +7,7 @@ training and turns polls / results / actor deaths into plain dicts for the contr
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,8 +115,8 @@ class WorkerGang:
                                  gpu=b["gpu"], coords=b.get("coords", {}))
                    for b in self.cfg.bundles]
         tp_within = self.cfg.spec.get("placement", {}).get("tp_within", "nvlink_domain")
-        ranks = ranks_for_actors(cluster, mesh, [(x["node_id"], x["gpu_ids"][0]) for x in landed],
-                                 planned=planned, tp_within=tp_within)
+        actors = [(x["node_id"], x["gpu_ids"][0]) for x in landed]
+        ranks = ranks_for_actors(cluster, mesh, actors, planned=planned, tp_within=tp_within)
         return dict(enumerate(ranks))
 
     def _gather(self, refs: list[Any], timeout_s: float) -> list[Any] | None:
@@ -138,7 +139,8 @@ class WorkerGang:
         for r, w in self.workers.items():
             peers = per_node[self.ranks[r]["node_id"]]
             assignment = {
-                "rank": r, "attempt": self.cfg.attempt, "spec": self.cfg.spec, "run_dir": self.cfg.run_dir,
+                "rank": r, "attempt": self.cfg.attempt, "spec": self.cfg.spec,
+                "run_dir": self.cfg.run_dir,
                 "log_dir": self.cfg.log_dir, "train_fn": self.cfg.train_fn,
                 "steps": self.cfg.steps,
                 "dist": {"rank": r, "local_rank": peers.index(r), "world_size": world,
@@ -222,10 +224,8 @@ class WorkerGang:
 
     def kill(self) -> None:
         for w in self.workers.values():
-            try:
+            with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
 
     def diagnostics(self, *, timeout_s: float) -> dict[int, Any]:
         refs = {r: w.diagnostics.remote() for r, w in self.workers.items() if r not in self._dead}

@@ -94,7 +94,7 @@ class Scheduler:
             self.launching.add(job.id)
             try:
                 self._launch(job, spec, decision, inv)
-            except Exception as exc:  # noqa: BLE001 - Ray refused: the poller requeues it
+            except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
                 log.exception("launching %s failed", job.id)
                 continue
             finally:

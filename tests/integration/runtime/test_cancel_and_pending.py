@@ -1,0 +1,84 @@
+"""Cancellation (while RUNNING, while PLACING), placement timeout, and "why pending" without
+head-of-line blocking, on one shared simulated cluster (n1, n2: 2 fake GPUs each)."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from orchestrator.controller import find_controller
+from orchestrator.lifecycle import JobState
+from tests.integration.runtime.conftest import submit, tiny_spec, wait_for, wait_state
+
+
+def _pg_gone(job_id: str) -> bool:
+    return all(p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
+               if p["name"].startswith(f"meshyard-pg-{job_id}-"))
+
+
+def test_cancel_while_running_stops_workers_and_frees_the_gang(runtime, store):
+    job_id = submit(store, tiny_spec("long", training={"steps": 100000}))
+    wait_for(store, job_id, lambda j: j.state == JobState.RUNNING and (j.last_step or 0) >= 2,
+             what="RUNNING with steps")
+    t0 = time.monotonic()
+    store.request_cancel(job_id, viewer=None)
+    job = wait_state(store, job_id, JobState.CANCELLED, JobState.FAILED, timeout_s=30)
+    print(f"cancel while RUNNING took {time.monotonic() - t0:.1f} s")
+    assert job.state == JobState.CANCELLED
+    assert [e.dst for e in store.list_events(job_id) if e.kind == "state"][-2:] == \
+        ["CANCELLING", "CANCELLED"]
+    assert _pg_gone(job_id)
+    assert find_controller(job_id, job.current_attempt) is None
+    assert store.list_attempts(job_id)[-1].state == "CANCELLED"
+
+
+def test_cancel_while_placing(runtime, store):
+    # The solver counts GPUs only; 8 CPUs per worker can never be reserved on a 2-CPU node,
+    # so the gang reservation stays pending and the job stays PLACING.
+    job_id = submit(store, tiny_spec("unreservable", resources={"cpus_per_worker": 8},
+                                     placement={"timeout_s": 120}))
+    wait_state(store, job_id, JobState.PLACING)
+    time.sleep(1.0)  # let the controller start waiting on the group
+    store.request_cancel(job_id, viewer=None)
+    job = wait_state(store, job_id, JobState.CANCELLED, JobState.FAILED, timeout_s=30)
+    assert job.state == JobState.CANCELLED
+    assert _pg_gone(job_id)
+
+
+def test_placement_timeout_returns_the_job_to_queued_with_the_reason(runtime, store):
+    job_id = submit(store, tiny_spec("timeout", resources={"cpus_per_worker": 8},
+                                     placement={"timeout_s": 1}))
+    job = wait_for(store, job_id, lambda j: any(
+        e.reason == "PLACEMENT_TIMEOUT" for e in store.list_events(j.id)), what="timeout")
+    back = [e for e in store.list_events(job_id) if e.reason == "PLACEMENT_TIMEOUT"][0]
+    assert (back.src, back.dst) == ("PLACING", "QUEUED")
+    assert "not ready after 1 s" in back.message
+    assert store.list_attempts(job_id)[0].state == "PLACEMENT_TIMEOUT"
+    store.request_cancel(job_id, viewer=None)
+    job = wait_state(store, job_id, JobState.CANCELLED, timeout_s=30)
+    assert _pg_gone(job.id)
+
+
+def test_infeasible_job_says_why_and_does_not_block_smaller_ones(runtime, store):
+    big = submit(store, tiny_spec("too-big", priority=10, parallelism={"dp_replicate": 8}))
+    small = submit(store, tiny_spec("small"))
+    wait_state(store, small, JobState.RUNNING, JobState.SUCCEEDED)
+    # While `small` holds 2 of the 4 GPUs, a 4-GPU job has to wait, and says so with numbers.
+    waiting = submit(store, tiny_spec("waits", parallelism={"dp_replicate": 4}))
+    job = wait_for(store, waiting, lambda j: j.pending_reason is not None or
+                   j.state != JobState.QUEUED, what="a pending reason")
+    big_job = store.get_job(big)
+    assert big_job.state == JobState.QUEUED
+    reason = big_job.pending_reason
+    assert reason["kind"] == "infeasible"
+    assert reason["needed_gpus"] == 8 and reason["total_gpus"] == 4
+    assert "needs 8 GPUs" in reason["message"]
+    if job.state == JobState.QUEUED:  # `small` may already have finished on a fast machine
+        assert job.pending_reason["kind"] in ("waiting", "fragmented")
+        assert job.pending_reason["needed_gpus"] == 4
+    small_job = wait_state(store, small, JobState.SUCCEEDED, JobState.FAILED)
+    assert small_job.state == JobState.SUCCEEDED, small_job.message
+    for j in (big, waiting):
+        store.request_cancel(j, viewer=None)
+        wait_state(store, j, JobState.CANCELLED)
