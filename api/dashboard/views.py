@@ -181,6 +181,16 @@ class GpuUse:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """One job's share of a node: which GPUs and ranks, as compact ranges ('0–3, 6')."""
+
+    job_id: str | None
+    job_name: str
+    gpus: str
+    ranks: str
+
+
+@dataclass(frozen=True)
 class NodeView:
     name: str
     alive: bool
@@ -189,6 +199,31 @@ class NodeView:
     cpus: float
     used: int
     nvlink_pairs: int
+    holders: tuple[Holder, ...] = ()
+
+
+def ranges(values: Iterable[int]) -> str:
+    """`ranges([0, 1, 2, 3, 6]) == '0–3, 6'`."""
+    out: list[str] = []
+    run: list[int] = []
+    for v in sorted(set(values)):
+        if run and v != run[-1] + 1:
+            out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(v)
+    if run:
+        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def _holders(gpus: Sequence[GpuUse]) -> tuple[Holder, ...]:
+    by_job: dict[tuple[str | None, str], list[GpuUse]] = {}
+    for g in gpus:
+        if g.job_id is not None or g.hidden:
+            by_job.setdefault((g.job_id, g.job_name), []).append(g)
+    return tuple(Holder(job_id=jid, job_name=name, gpus=ranges(g.gpu for g in held),
+                        ranks=ranges(g.rank for g in held if g.rank is not None))
+                 for (jid, name), held in by_job.items())
 
 
 def _nvlink_pairs(topology: dict[str, Any]) -> int:
@@ -220,5 +255,6 @@ def node_views(nodes: Sequence[NodeRecord],
                      for g in range(count))
         used = sum(1 for g in gpus if g.job_id is not None or g.hidden)
         views.append(NodeView(name=n.name, alive=n.alive, labels=dict(n.labels), gpus=gpus,
-                              cpus=n.cpus, used=used, nvlink_pairs=_nvlink_pairs(n.topology)))
+                              cpus=n.cpus, used=used, nvlink_pairs=_nvlink_pairs(n.topology),
+                              holders=_holders(gpus)))
     return views

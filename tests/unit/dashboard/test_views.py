@@ -89,3 +89,12 @@ def test_human_units() -> None:
     assert views.human_bytes(512) == "512 B"
     assert views.human_seconds(0.0021) == "2.10 ms"
     assert views.human_seconds(None) == "—"
+
+
+def test_ranges_and_holders_compact_a_node() -> None:
+    assert views.ranges([0, 1, 2, 3, 6]) == "0–3, 6"
+    assert views.ranges([]) == ""
+    use = {("a", g): views.GpuUse(gpu=g, job_id="job-x", job_name="x", rank=8 + g)
+           for g in range(4)}
+    (view,) = views.node_views([node("a", {})], use)
+    assert [(h.job_name, h.gpus, h.ranks) for h in view.holders] == [("x", "0–3", "8–11")]
