@@ -39,6 +39,7 @@ from orchestrator.watchdog.report import (
     SuspectHardware,
     Verdict,
 )
+from orchestrator.watchdog.waitgraph import p2p_pending, wait_edges
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _context(inp: AnalysisInput) -> _Ctx:
     views = [build_view(inp, pg, m, by_rank)
              for pg, m in sorted(members.items(), key=lambda kv: _pg_sort_key(kv[0]))]
     dead = {r for r, ev in by_rank.items() if ev.alive is False}
-    p2p = [(r, op) for r, op in _p2p_pending(by_rank, members) if r not in dead]
+    p2p = [(r, op) for r, op in p2p_pending(by_rank, members) if r not in dead]
     waiting = {r for v in views for r in v.waiters} | {r for r, _ in p2p}
     waiting |= {r for r, ev in by_rank.items() if r not in dead and any(
         not p.is_p2p and p.source == "stack" for p in ev.pending)}
@@ -110,30 +111,6 @@ def _context(inp: AnalysisInput) -> _Ctx:
     coverage = len(known) / max(1, inp.world_size)
     return _Ctx(inp=inp, by_rank=by_rank, views=views, p2p=p2p, waiting=waiting, dead=dead,
                 coverage=coverage)
-
-
-def _p2p_pending(by_rank: dict[int, RankEvidence],
-                 members: dict[str, tuple[int, ...]]) -> list[tuple[int, PendingOp]]:
-    """Blocked send/recv per rank, peers as GLOBAL ranks (FR records group ranks)."""
-    out: list[tuple[int, PendingOp]] = []
-    for r, ev in by_rank.items():
-        seen = set()
-        for p in ev.pending:
-            if p.is_p2p and (p.op, p.peer) not in seen:
-                seen.add((p.op, p.peer))
-                out.append((r, p))
-        if ev.trace is None:
-            continue
-        for e in ev.trace.entries:
-            if not e.is_p2p or e.completed:
-                continue
-            group = members.get(e.pg, ())
-            peer = group[e.peer] if e.peer is not None and e.peer < len(group) else e.peer
-            if (e.op, peer) not in seen:
-                seen.add((e.op, peer))
-                out.append((r, PendingOp(op=e.op, pg=e.pg, seq=e.p2p_seq, is_p2p=True,
-                                         peer=peer, sizes=e.input_sizes, source="fr")))
-    return out
 
 
 def _classify(ctx: _Ctx, policy: StragglerPolicy) -> _Finding:
@@ -213,40 +190,9 @@ def _exited_finding(ctx: _Ctx) -> _Finding:
                     details={"dead_ranks": dead})
 
 
-def _edges(ctx: _Ctx) -> tuple[dict[int, set[str]], set[int], list[str]]:
-    """Targets -> edge kinds ("coll" / "p2p"), plus extra-collective callers and detail."""
-    targets: dict[int, set[str]] = {}
-    extra: set[int] = set()
-    lines: list[str] = []
-    for v in ctx.views:
-        if v.stuck_seq is None or not v.waiters:
-            continue
-        missing = list(v.not_joined) + list(v.unknown)
-        if not missing:
-            continue
-        idle = [r for r in v.not_joined if r not in ctx.waiting]
-        if len(v.waiters) < len(missing) and idle == list(missing):
-            extra.update(v.waiters)
-            lines.append(f"{advice.ranks_text(v.waiters)} entered {v.stuck_op} #{v.stuck_seq}"
-                         f" on {v.label()} that the other {len(missing)} never entered")
-            continue
-        for r in missing:
-            targets.setdefault(r, set()).add("coll")
-        lines.append(f"{advice.ranks_text(missing)} never entered {v.stuck_op} "
-                     f"#{v.stuck_seq} on {v.label()}; {len(v.waiters)} waiting")
-    pend = {(r, p.op, p.peer) for r, p in ctx.p2p}
-    match = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend"}
-    for r, p in ctx.p2p:
-        if p.peer is None or (p.peer, match.get(p.op, ""), r) in pend:
-            continue
-        targets.setdefault(p.peer, set()).add("p2p")
-        lines.append(f"rank {r} is blocked in {p.op} with rank {p.peer}, which has no "
-                     f"matching {match.get(p.op, 'op')}")
-    return targets, extra, lines
-
-
 def _wait_graph_finding(ctx: _Ctx) -> _Finding | None:
-    targets, extra, lines = _edges(ctx)
+    targets, extra, lines = wait_edges(views=ctx.views, p2p=ctx.p2p, waiting=ctx.waiting,
+                                       by_rank=ctx.by_rank, dead=ctx.dead)
     sinks = sorted(r for r in targets if r not in ctx.waiting)
     if not sinks and not extra and not targets:
         return None
@@ -275,7 +221,15 @@ def _sink_summary(ctx: _Ctx, sinks: list[int], p2p: bool) -> str:
         return (f"{_who(ctx, sinks)} never posted the matching send/recv: "
                 f"{advice.ranks_text(waiters).lower()} {'is' if len(waiters) == 1 else 'are'} "
                 f"blocked in {'/'.join(ops)} with it.")
-    v = next(v for v in ctx.views if set(sinks) & set(v.not_joined + v.unknown) and v.waiters)
+    v = next((v for v in ctx.views if set(sinks) & set(v.not_joined + v.unknown) and v.waiters),
+             None)
+    if v is None:  # stacks only, no Flight Recorder
+        inside = sorted(r for r, ev in ctx.by_rank.items() if r in ctx.waiting)
+        ops = sorted({p.op for r in inside for p in ctx.by_rank[r].pending if not p.is_p2p})
+        return (f"{_who(ctx, sinks)} is not inside any collective while "
+                f"{advice.ranks_text(inside).lower()} {'is' if len(inside) == 1 else 'are'} "
+                f"blocked in {'/'.join(ops) or 'a collective'} (from stacks; no Flight Recorder)"
+                ".")
     n = len(v.waiters)
     missing_info = [r for r in sinks if r in v.unknown]
     extra = f" (no evidence from {advice.ranks_text(missing_info).lower()})" if missing_info \

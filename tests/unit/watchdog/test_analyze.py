@@ -267,3 +267,23 @@ def test_simulator_sanity() -> None:
     dumps = simulate(world_job(2, n_ops=2, stop_before={1: 1}))
     assert [e["retired"] for e in dumps[0]["entries"]] == [True, False]
     assert len(dumps[1]["entries"]) == 1
+
+
+def test_without_flight_recorder_the_stacks_name_the_culprit() -> None:
+    # TORCH_FR_BUFFER_SIZE unset: no dumps, only each rank's stack.
+    inside = PendingOp(op="all_reduce", pg="0", source="stack")
+    ranks = tuple(RankEvidence(rank=r, stack="...", pending=() if r == 2 else (inside,),
+                               top_of_stack="load at data.py:7" if r == 2 else None)
+                  for r in range(4))
+    rep = analyze(AnalysisInput(ranks=ranks, world_size=4))
+    assert rep.verdict is Verdict.NOT_JOINED
+    assert rep.culprit_ranks == (2,)
+    assert "from stacks" in rep.summary
+    assert rep.confidence < 0.9
+
+
+def test_isend_matched_by_recv_is_wedged_not_a_mismatch() -> None:
+    ranks = (RankEvidence(rank=0, pending=(PendingOp(op="isend", is_p2p=True, peer=1),)),
+             RankEvidence(rank=1, pending=(PendingOp(op="recv", is_p2p=True, peer=0),)))
+    rep = analyze(AnalysisInput(ranks=ranks, world_size=2))
+    assert rep.verdict is Verdict.COMM_WEDGED
