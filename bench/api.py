@@ -198,6 +198,15 @@ def postgres_database(base: str) -> Iterator[str]:
         admin.dispose()
 
 
+def uvicorn_stack() -> dict[str, str]:
+    """Which HTTP parser and event loop uvicorn picks here: they change the figures several
+    fold (h11 + asyncio vs httptools + uvloop, i.e. `uvicorn[standard]`)."""
+    from importlib.util import find_spec
+
+    return {"http": "httptools" if find_spec("httptools") else "h11",
+            "loop": "uvloop" if find_spec("uvloop") else "asyncio"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -218,7 +227,8 @@ def main() -> None:
         print("PostgreSQL skipped: MESHYARD_TEST_POSTGRES_URL is not set", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "benchmark": "api", "uvicorn_workers": 1, "cpus": os.cpu_count(),
+        "benchmark": "api", "uvicorn_workers": 1, "uvicorn": uvicorn_stack(),
+        "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()[0],
         "targets": {"sqlite_submissions_per_s": 300, "sqlite_p99_ms": 25},
         "params": {"jobs": args.jobs, "concurrency": args.concurrency,
                    "samples": args.samples},

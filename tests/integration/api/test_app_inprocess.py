@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from api.admission import ClusterShape
 from api.app import create_app
 from api.server import prepare
 from orchestrator.lifecycle import JobState, Reason
@@ -155,3 +156,17 @@ def test_readyz_reports_a_schema_behind_head(tmp_path: Path) -> None:
         assert r.json()["database"] is True and r.json()["migrations"] is False
         assert "meshyard db upgrade" in r.json()["detail"]
         assert client.get("/healthz").status_code == 200
+
+
+def test_cluster_shape_is_cached_for_its_ttl(env) -> None:
+    _, store, _, _ = env
+    shape = ClusterShape(store, ttl_s=0.3)
+    assert shape.max_gpus_per_node() == 0  # no nodes yet
+    store.upsert_node(name="n0", gpus=4)
+    store.upsert_node(name="n1", gpus=8)
+    assert shape.max_gpus_per_node() == 0  # still the cached answer
+    time.sleep(0.35)
+    assert shape.max_gpus_per_node() == 8
+    store.upsert_node(name="n2", gpus=16)
+    time.sleep(0.35)
+    assert shape.max_gpus_per_node() == 16
