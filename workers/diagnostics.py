@@ -324,6 +324,26 @@ def _collect_logs(out_dir: Path, summary: dict[str, Any], log_paths: tuple[str, 
         summary["log_errors"] = _log_errors(joined)
 
 
+def collect_node_evidence(run_dir: str | os.PathLike[str], *, stamp: str,
+                          node: str | None = None, timeout_s: float = 20.0) -> list[str]:
+    """Once per node: `nvidia-smi -q` when the binary exists (Xid errors, ECC, NVLink state).
+    Returns the artifact paths; nothing when there is no nvidia-smi (CPU nodes)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    out_dir = Path(run_dir) / "diagnostics" / stamp / f"node-{node or socket.gethostname()}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        res = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout_s,
+                             check=False)
+        text = res.stdout + res.stderr
+    except (OSError, subprocess.SubprocessError) as ex:
+        text = f"nvidia-smi failed: {ex}"
+    path = out_dir / "nvidia-smi-q.txt"
+    path.write_text(text)
+    return [str(path)]
+
+
 def _live_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / "diagnostics" / "live" / f"rank{rank}"
 

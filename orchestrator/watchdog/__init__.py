@@ -1,0 +1,18 @@
+"""Hang watchdog: detection policies, evidence normalisation, analysis, reports.
+
+Flow (the controller drives it; everything here is pure and never acts):
+
+1. `detect.evaluate_stall(policy, now_s=..., started_s=..., ranks=[RankProgress...],
+   step_times=[...])` -> StallDecision (stalled / dead / silent ranks); straggler scores from
+   time-to-enter with `detect.straggler_scores` + `detect.find_stragglers`.
+2. On a decision that needs diagnosis, each living rank runs
+   `workers.diagnostics.collect_evidence(run_dir, rank, stamp=...)` on a side thread and returns
+   a JSON-able summary; dead ranks are evidence too (`read_announcement`, exit code).
+3. `inputs.RankEvidence.from_summary(summary, alive=...)` per rank ->
+   `inputs.AnalysisInput(ranks=..., world_size=..., pg_members=..., pg_names=...,
+   locations={rank: report.RankLocation(...)}, trigger="stall"|"straggler")`.
+4. `analyze.analyze(input)` -> `report.DiagnosisReport` (to_dict / to_json / to_markdown).
+
+Offline (`meshyard diagnose --fr DIR --logs DIR`): `offline.diagnose_offline(...)`.
+Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`.
+"""

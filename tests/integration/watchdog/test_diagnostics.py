@@ -49,3 +49,19 @@ def test_announcement_round_trip(tmp_path: Path) -> None:
     assert diagnostics.read_announcement(tmp_path, 2) == ann
     diagnostics.clear_announcement(tmp_path, 2)
     assert diagnostics.read_announcement(tmp_path, 2) is None
+
+
+def test_node_evidence_runs_nvidia_smi_when_present(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert diagnostics.collect_node_evidence(tmp_path, stamp="s") == []
+    # A stand-in binary (no GPU on this machine) checks the plumbing, not nvidia-smi itself.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text("#!/bin/sh\necho \"GPU 00000000:18:00.0 Xid $1\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    (path,) = diagnostics.collect_node_evidence(tmp_path, stamp="s", node="n0")
+    assert path.endswith("node-n0/nvidia-smi-q.txt")
+    assert Path(path).read_text().strip() == "GPU 00000000:18:00.0 Xid -q"
