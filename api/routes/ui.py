@@ -181,6 +181,11 @@ def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
                                filename=path.name, content_disposition_type="attachment"))
 
 
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    return secure(FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml"))
+
+
 @router.get("/static/{name}")
 def static(name: str) -> Response:
     path = (STATIC_DIR / name).resolve()
