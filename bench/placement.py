@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -220,10 +221,11 @@ def comparison_scenarios() -> list[Scenario]:
           M(dp_shard=8, dp_replicate=4)),
         S("example mixed_fragmented.yaml, tp4 dp_shard2",
           load_cluster_file(EXAMPLES / "mixed_fragmented.yaml"), M(tp=4, dp_shard=2)),
-        S("example gb200_nvl72.yaml, tp8 dp_shard4", load_cluster_file(EXAMPLES / "gb200_nvl72.yaml"),
-          M(tp=8, dp_shard=4)),
-        S("example pcie_boxes.yaml, tp2 dp_shard4", load_cluster_file(EXAMPLES / "pcie_boxes.yaml"),
-          M(tp=2, dp_shard=4), C(tp_within="node")),
+        S("example gb200_nvl72.yaml, tp8 dp_shard4",
+          load_cluster_file(EXAMPLES / "gb200_nvl72.yaml"), M(tp=8, dp_shard=4)),
+        S("example pcie_boxes.yaml, tp2 dp_shard4",
+          load_cluster_file(EXAMPLES / "pcie_boxes.yaml"), M(tp=2, dp_shard=4),
+          C(tp_within="node")),
     ]
 
 
@@ -329,14 +331,19 @@ def main() -> None:
         print(f"{r['scenario']:<58} {r['meshyard_ms']:>11.2f} {r['ray_train_ms']:>9.2f} "
               f"{r['ratio']:>6.2f}")
     brute = [versus_brute(s) for s in small_scenarios()]
-    print(f"\n{'small cluster':<48} {'meshyard ms':>11} {'optimum ms':>10} {'gap %':>6} {'maps':>7}")
+    print(f"\n{'small cluster':<48} {'meshyard ms':>11} {'optimum ms':>10} {'gap %':>6} "
+          f"{'maps':>7}")
     for r in brute:
         print(f"{r['scenario']:<48} {r['meshyard_ms']:>11.3f} {r['optimum_ms']:>10.3f} "
               f"{r['gap_pct']:>6.2f} {r['maps_scored']:>7}")
     summary = {
         "solver_median_ms_1024": big["jobs"][0]["median_ms"],
         "solver_cpu_median_ms_1024": big["jobs"][0]["cpu_median_ms"],
-        "solver_under_200ms": all(j["median_ms"] < 200 for j in big["jobs"]),
+        # the machines are shared: CPU time is what the solver costs, wall time what it got
+        "solver_under_200ms_cpu": all(j["cpu_median_ms"] < 200 for j in big["jobs"]),
+        "solver_under_200ms_wall": all(j["median_ms"] < 200 for j in big["jobs"]),
+        "load_average_1min": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
         "never_worse_than_ray_train": all(r["ratio"] >= 1 - 1e-9 for r in rows),
         "geomean_ratio": statistics.geometric_mean([r["ratio"] for r in rows]),
         "max_gap_to_optimum_pct": max(r["gap_pct"] for r in brute),

@@ -8,10 +8,15 @@ Pure module. Gang semantics: every rank is placed or none is. Steps:
    then the whole cluster) where one domain holds every TP group, and take the tightest such
    domains (least capacity, fewest free GPUs) as candidates; inside a candidate, recurse into
    the tightest child that fits, or take children largest first and close with the tightest.
-3. Pick GPUs inside each node (`gpus.py`), assign ranks (`ranks.py`) and estimate the
-   communication time (`cost.py`); among the (up to four) candidates the cheapest wins, ties
-   going to the BestFit order. Everything is sorted, so the same input gives the same output.
-4. When nothing fits, say why (`diagnose.py`): never fits this cluster, waiting for running
+3. More candidates, the same way: block-aligned BestFit (whole dp_shard groups or pipeline
+   stages inside one node / leaf, `blocks.py`); when a node's own links are slower than the
+   network (PCIe NODE/SYS, single NVLinks), BestFit with at most m TP groups per node; and
+   for each, GPUs chosen on common rails across partly used nodes.
+4. For each candidate pick GPUs inside each node (`gpus.py`), assign ranks (`ranks.py`) and
+   estimate the communication time (`cost.py`); the cheapest wins, ties going to the earliest
+   candidate (plain BestFit, tightest domain). At most 16 candidates are costed. Everything is
+   sorted, so the same input gives the same output.
+5. When nothing fits, say why (`diagnose.py`): never fits this cluster, waiting for running
    jobs, or fragmented. In `preferred` mode the solver then relaxes tp_within to the node,
    then to best effort, before giving up.
 
@@ -45,6 +50,7 @@ __all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "sol
 
 _CANDIDATES = 4  # distinct domain shapes costed per block size
 _SCAN = 64  # fitting domains looked at per block size to find those shapes
+_MAX_COSTED = 16  # candidates costed per solve, in order (bounds the time on big clusters)
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,7 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
                 if chosen is None:
                     continue
                 key = frozenset((n, tuple(g)) for n, g in chosen.items())
-                if key in tried:
+                if key in tried or len(tried) >= _MAX_COSTED:
                     continue
                 tried.add(key)
                 slots = assign_slots(cluster, mesh, chosen, tp_within=packing.tp_within)

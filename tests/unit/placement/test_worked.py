@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.placement.blocks import candidates
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure
+from orchestrator.placement.domains import Packing, build_tree
 from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.ranks import assign_ranks, best_tp_groups, ranks_for_actors
 from orchestrator.placement.solver import Constraints, Placement, solve
@@ -203,3 +205,50 @@ def test_assign_ranks_is_row_major_pp_dpr_dps_tp() -> None:
     assert [dict(r.coords) for r in ranks][5] == {"pp": 1, "dp_replicate": 0, "dp_shard": 0,
                                                   "tp": 1}
     assert [r.gpu for r in ranks] == list(range(8))
+
+
+def test_docstring_examples_bestfit() -> None:
+    # solver.py: the tightest node takes the job, the whole nodes stay whole
+    c = cluster([("node-a", nvswitch(), {"leaf": "l0"}, []),
+                 ("node-b", nvswitch(), {"leaf": "l0"}, [4, 5, 6, 7]),
+                 ("node-c", nvswitch(), {"leaf": "l0"}, [])])
+    assert placed(solve(c, MeshShape(tp=4))).gpus_by_node() == {"node-b": [0, 1, 2, 3]}
+    # domains.py: no node holds 5 TP groups of 2; the tighter leaf L1 does (c: 4, d: 1)
+    c = cluster([("a", nvswitch(), {"leaf": "L0"}, []), ("b", nvswitch(), {"leaf": "L0"}, []),
+                 ("c", nvswitch(), {"leaf": "L1"}, []),
+                 ("d", nvswitch(), {"leaf": "L1"}, [2, 3, 4, 5, 6, 7])])
+    p = placed(solve(c, MeshShape(tp=2, dp_shard=5)))
+    assert p.level == "leaf" and p.domain == ("L1",)
+    assert {n: len(g) for n, g in p.gpus_by_node().items()} == {"c": 8, "d": 2}
+
+
+def test_blocks_keep_fsdp_groups_inside_nodes() -> None:
+    # blocks.py example: plain BestFit would take 5 + 8 + 8 + 8 + 3 GPUs and split two FSDP
+    # groups over nodes; blocks of 8 take whole nodes.
+    # leaf l0 frees 5 + 8 + 8 + 8 + 3 = 32 GPUs, exactly the job: plain BestFit's pick.
+    busy = {"n0": [5, 6, 7], "n4": [0, 1, 2, 3, 4]}
+    nodes = [(f"n{i}", nvswitch(), {"leaf": "l0" if i < 5 else "l1"}, busy.get(f"n{i}", []))
+             for i in range(7)]
+    root = build_tree(cluster(nodes), Packing(tp=1, tp_within="nvlink_domain"))
+    (dom, counts), = candidates(root, units=32, per_block=1, packing=Packing(1, "node"), limit=1)
+    assert dom.path == ("l0",) and sorted(counts.values()) == [3, 5, 8, 8, 8]
+    p = placed(solve(cluster(nodes), MeshShape(dp_shard=8, dp_replicate=4)))
+    assert sorted(p.gpus_by_node()) == ["n1", "n2", "n3", "n5"]
+    for group in p.mesh.groups("dp_shard"):
+        assert len({p.ranks[r].node for r in group}) == 1
+    dims = {d.dimension: d.bottleneck for d in p.estimate.dimensions}
+    assert dims["dp_shard"] == "NV18"
+
+
+def test_pcie_boxes_spread_when_the_network_beats_pcie() -> None:
+    # On two PCIe boxes the NODE path between a box's GPU pairs (19 GB/s) is slower than
+    # InfiniBand NDR (50 GB/s): one TP pair per box, the data-parallel pair on one rail.
+    c = cluster([("a", pcie(), {"leaf": "l0"}, [0, 2, 4, 6]), ("b", pcie(), {"leaf": "l0"}, [1])])
+    p = placed(solve(c, MeshShape(tp=2, dp_shard=2), constraints=Constraints(tp_within="node")))
+    assert p.gpus_by_node() == {"a": [5, 7], "b": [5, 7]}
+    for a, b in p.mesh.groups("dp_shard"):
+        assert p.ranks[a].gpu == p.ranks[b].gpu and p.ranks[a].node != p.ranks[b].node
+    # NVSwitch nodes never spread: the job stays in one node
+    c = cluster([("a", nvswitch(), {"leaf": "l0"}, [0, 2, 4, 6]),
+                 ("b", nvswitch(), {"leaf": "l0"}, [1])])
+    assert placed(solve(c, MeshShape(tp=2, dp_shard=2))).nodes in (("a",), ("b",))
