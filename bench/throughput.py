@@ -1,0 +1,239 @@
+"""Throughput: meshyard's training loop vs a minimal hand-written torchrun loop, one run.
+
+    .venv/bin/python bench/throughput.py [--steps 60] [--warmup 10] [--rounds 3]
+
+Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_replicate=2,
+25 MiB buckets, AdamW, grad clip 1.0), same launcher (torchrun, OMP_NUM_THREADS=1 per rank):
+
+* ``baseline``  bench/ddp_baseline.py — what a user writes by hand;
+* ``meshyard``  ``torchrun -m workers.launch`` with the default 1 s heartbeat;
+* ``meshyard_no_hb``  the same with the heartbeat thread effectively off (1e6 s interval).
+
+The three alternate for ``--rounds`` rounds (the machine is shared: alternating spreads the
+noise over all three) and each figure is the median over rounds. Steady-state steps/s skips
+the first ``--warmup`` steps and is measured the same way for every run: from the wall clock
+recorded at the end of each step, as 1 / the median step duration. Then FSDP (dp_shard=2),
+TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run once each on the same model and global
+batch, reported relative to DDP.
+Heartbeat overhead is given two ways: end to end (``meshyard`` vs ``meshyard_no_hb``) and
+computed from a microbenchmark of one heartbeat and one phase change. With at least two CUDA
+GPUs the runs use them and the report adds MFU. Writes bench/results/throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "throughput.json"
+MODEL = {"kind": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128, "vocab_size": 256,
+         "seq_len": 64}
+GLOBAL_BATCH = 16
+SEED = 0
+LR = 3e-3
+GRAD_CLIP = 1.0
+BUCKET_MB = 25.0
+# Parallel layouts on 2 ranks; micro_batch_size keeps the global batch at GLOBAL_BATCH.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "ddp": {"dp_replicate": 2},
+    "fsdp": {"dp_shard": 2},
+    "tp": {"tp": 2},
+    "pp": {"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 4},
+}
+# Dense peak FLOP/s per GPU by precision (vendor datasheets, SXM parts), for MFU.
+PEAK_FLOPS = {
+    "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12},
+    "H100": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _torchrun(args: list[str], *, nproc: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                          check=False, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+
+
+def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
+    par = LAYOUTS[layout]
+    dp = par.get("dp_replicate", 1) * par.get("dp_shard", 1)
+    return {
+        "name": f"bench-{layout}", "parallelism": par, "model": MODEL,
+        "data": {"kind": "synthetic"},
+        "training": {"steps": steps, "micro_batch_size": GLOBAL_BATCH // dp, "lr": LR,
+                     "grad_clip": GRAD_CLIP, "seed": SEED,
+                     "ddp": {"bucket_cap_mb": BUCKET_MB}},
+        "checkpoint": {"enabled": False},
+        "resources": {"device": device},
+    }
+
+
+def run_meshyard(layout: str, *, steps: int, device: str, work: Path, nproc: int,
+                 hb_interval: float = 1.0) -> list[float]:
+    d = Path(tempfile.mkdtemp(prefix=f"{layout}-", dir=work))
+    spec = d / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_for(layout, steps=steps, device=device)))
+    _torchrun(["-m", "workers.launch", "--spec", str(spec), "--out", str(d / "run"),
+               "--heartbeat-interval", str(hb_interval)], nproc=nproc)
+    rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x]
+    return [r["time"] for r in rows]
+
+
+def run_baseline(*, steps: int, device: str, work: Path, nproc: int) -> list[float]:
+    d = Path(tempfile.mkdtemp(prefix="baseline-", dir=work))
+    cfg = {"model": {k: v for k, v in MODEL.items() if k != "kind"}, "steps": steps,
+           "micro_batch_size": GLOBAL_BATCH // nproc, "lr": LR, "grad_clip": GRAD_CLIP,
+           "bucket_cap_mb": BUCKET_MB, "seed": SEED, "device": device}
+    (d / "config.json").write_text(json.dumps(cfg))
+    _torchrun([str(REPO / "bench" / "ddp_baseline.py"), "--config", str(d / "config.json"),
+               "--out", str(d / "times.json")], nproc=nproc)
+    return list(json.loads((d / "times.json").read_text())["times"])
+
+
+def steady_rate(times: list[float], *, warmup: int) -> float:
+    """Steps/s from the median step duration after ``warmup`` steps.
+
+    The median, not the mean over the window: on a shared machine another process's burst
+    stretches a few steps by several times, and the median ignores those.
+    """
+    if len(times) <= warmup + 2:
+        raise ValueError(f"need more than {warmup + 2} steps, got {len(times)}")
+    steady = times[warmup:]
+    return 1.0 / statistics.median(b - a for a, b in zip(steady, steady[1:], strict=False))
+
+
+def heartbeat_microbench() -> dict[str, float]:
+    """Cost of one heartbeat (Flight Recorder status read + Heartbeat object) and of one
+    phase change, in a 1-process gloo group with the Flight Recorder on, as in a job."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    import torch
+    import torch.distributed as dist
+
+    from workers.callbacks import Phase
+    from workers.heartbeat import Progress, make_heartbeat
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        for _ in range(50):
+            dist.all_reduce(torch.ones(4))
+        progress = Progress()
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            make_heartbeat(progress, rank=0)
+        beat = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        for i in range(n):
+            progress.enter(Phase.FORWARD if i % 2 else Phase.BACKWARD, i)
+        enter = (time.perf_counter() - t0) / n
+    finally:
+        dist.destroy_process_group()
+    return {"heartbeat_s": beat, "phase_change_s": enter}
+
+
+def flops_per_token() -> float:
+    """6 N (dense matmuls, forward + backward) + attention scores 12 L d T."""
+    d, layers, v, t = MODEL["d_model"], MODEL["n_layers"], MODEL["vocab_size"], MODEL["seq_len"]
+    n_params = layers * 12 * d * d + v * d  # blocks (4d^2 attn + 8d^2 MLP) + LM head
+    return 6 * n_params + 12 * layers * d * t
+
+
+def mfu(steps_per_s: float, *, n_gpus: int) -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    peaks = next((p for key, p in PEAK_FLOPS.items() if key in name), None)
+    if peaks is None:
+        return None
+    prec = torch.get_float32_matmul_precision()
+    peak = peaks["fp32" if prec == "highest" else "tf32"]
+    achieved = steps_per_s * GLOBAL_BATCH * MODEL["seq_len"] * flops_per_token()
+    return achieved / (peak * n_gpus)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+
+    cuda = torch.cuda.device_count() >= 2
+    device, nproc = ("cuda" if cuda else "cpu"), 2
+    work = Path(tempfile.mkdtemp(prefix="meshyard-throughput-"))
+    kw = {"steps": args.steps, "device": device, "work": work, "nproc": nproc}
+    rates: dict[str, list[float]] = {"baseline": [], "meshyard": [], "meshyard_no_hb": []}
+    for r in range(args.rounds):
+        rates["baseline"].append(steady_rate(run_baseline(**kw), warmup=args.warmup))
+        rates["meshyard"].append(steady_rate(run_meshyard("ddp", **kw), warmup=args.warmup))
+        rates["meshyard_no_hb"].append(
+            steady_rate(run_meshyard("ddp", hb_interval=1e6, **kw), warmup=args.warmup))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} steps/s"
+                                            for k, v in rates.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    layouts = {name: steady_rate(run_meshyard(name, **kw), warmup=args.warmup)
+               for name in ("fsdp", "tp", "pp")}
+    micro = heartbeat_microbench()
+    step_s = 1.0 / med["meshyard"]
+    # One heartbeat per second of training (1 s default interval) plus ~5 phase changes per
+    # step (data, forward, backward, optimizer, checkpoint).
+    computed_hb = micro["heartbeat_s"] / 1.0 + 5 * micro["phase_change_s"] / step_s
+    result = {
+        "config": {"model": MODEL, "global_batch": GLOBAL_BATCH, "ranks": nproc,
+                   "device": device, "steps": args.steps, "warmup": args.warmup,
+                   "rounds": args.rounds, "bucket_cap_mb": BUCKET_MB, "grad_clip": GRAD_CLIP},
+        "steps_per_s": {"baseline": med["baseline"], "meshyard_ddp": med["meshyard"],
+                        "meshyard_ddp_no_heartbeat": med["meshyard_no_hb"], **layouts},
+        "per_round": rates,
+        "ratio_meshyard_vs_baseline": med["meshyard"] / med["baseline"],
+        "ratio_per_round": [m / b for m, b in zip(rates["meshyard"], rates["baseline"],
+                                                    strict=True)],
+        "heartbeat": {
+            "end_to_end_overhead": 1.0 - med["meshyard"] / med["meshyard_no_hb"],
+            "computed_overhead": computed_hb, **micro},
+        "relative_to_ddp": {k: v / med["meshyard"] for k, v in layouts.items()},
+        "mfu": ({"meshyard_ddp": mfu(med["meshyard"], n_gpus=nproc),
+                 "baseline": mfu(med["baseline"], n_gpus=nproc)} if cuda else None),
+        "flops_per_token": flops_per_token(),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("steps_per_s", "ratio_meshyard_vs_baseline",
+                                             "heartbeat", "relative_to_ddp", "mfu")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
