@@ -202,6 +202,15 @@ def _row_seconds(rows: list[CommRow], link: Link, *, exposed: bool) -> float:
 def estimate_slots(slots: Sequence[Member], *, mesh: MeshShape, links: LinkModel,
                    model: ModelDims | None = None) -> Estimate:
     """Estimate for rank r placed on `slots[r]` = (node name, local GPU)."""
+    est = estimate_below(slots, mesh=mesh, links=links, model=model, bound=None)
+    assert est is not None
+    return est
+
+
+def estimate_below(slots: Sequence[Member], *, mesh: MeshShape, links: LinkModel,
+                   model: ModelDims | None, bound: float | None) -> Estimate | None:
+    """As estimate_slots, but None as soon as the total exceeds `bound` (the solver's best so
+    far: a candidate already slower need not be costed to the end)."""
     if len(slots) != mesh.world_size:
         raise ValueError(f"{len(slots)} slots for world size {mesh.world_size}")
     rows = communication_signature(mesh, model)
@@ -220,6 +229,8 @@ def estimate_slots(slots: Sequence[Member], *, mesh: MeshShape, links: LinkModel
                                           len(mesh.groups(dim)), seen[link],
                                           _row_seconds(dim_rows, link, exposed=True), link.kind,
                                           link.gbs))
+            if bound is not None and sum(d.seconds for d in dims) > bound:
+                return None
     return Estimate(tuple(dims), sum(d.seconds for d in dims), sum(d.exposed_seconds for d in dims))
 
 

@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any
 
 from orchestrator.placement.blocks import block_sizes, candidates
-from orchestrator.placement.cost import Estimate, ModelDims, estimate_slots
+from orchestrator.placement.cost import Estimate, ModelDims, estimate_below
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
 from orchestrator.placement.domains import Domain, Packing, build_tree, shape
 from orchestrator.placement.gpus import pick_node_gpus
@@ -179,8 +179,9 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
                     continue
                 tried.add(key)
                 slots = assign_slots(cluster, mesh, chosen, tp_within=packing.tp_within)
-                est = estimate_slots(slots, mesh=mesh, links=links, model=model)
-                if best is None or est.total_s < best[0].total_s * (1 - 1e-9):
+                bound = None if best is None else best[0].total_s * (1 - 1e-9)
+                est = estimate_below(slots, mesh=mesh, links=links, model=model, bound=bound)
+                if est is not None and (bound is None or est.total_s < bound):
                     best = (est, slots, dom)
     assert best is not None, "capacity was checked before"
     est, slots, dom = best
