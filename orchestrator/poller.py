@@ -237,6 +237,7 @@ class Poller:
 
     def _controller_lost(self, job: JobRecord) -> None:
         n = job.current_attempt
+        log.warning("controller of %s attempt %d lost (job %s)", job.id, n, job.state)
         kill_controller(job.id, n)
         remove_pg(job.id, n)
         if job.state == JobState.CANCELLING:
@@ -261,23 +262,30 @@ class Poller:
         self._ranks_seen.pop((job_id, n), None)
 
 
-def sweep_orphans(store: Store) -> int:
+def sweep_orphans(store: Store, *, launching: set[str] | frozenset[str] = frozenset()) -> int:
     """Removes controllers and placement groups of attempts that are no longer current and
-    active (left behind by a control plane that died between writing and cleaning up)."""
+    active (left behind by a control plane that died between writing and cleaning up).
+
+    Ray is listed before the database is read: an attempt is in the database before its
+    group and controller exist, so anything listed and not live in the newer read is stale.
+    """
     from ray.util import placement_group_table
 
+    actors = [(a["name"], a.get("namespace")) if isinstance(a, dict) else (a, NAMESPACE)
+              for a in ray.util.list_named_actors(all_namespaces=True)]
+    groups = [(p.get("name", ""), p.get("state")) for p in placement_group_table().values()]
     live = {(j.id, j.current_attempt) for j in store.active_jobs()}
     removed = 0
-    for info in ray.util.list_named_actors(all_namespaces=True):
-        name = info["name"] if isinstance(info, dict) else info
-        ns = info.get("namespace") if isinstance(info, dict) else NAMESPACE
+    for name, ns in actors:
         key = _parse_name(name, "meshyard-ctrl-")
-        if ns == NAMESPACE and key and key not in live:
+        if ns == NAMESPACE and key and key not in live and key[0] not in launching:
+            log.warning("killing orphaned controller %s", name)
             kill_controller(*key)
             removed += 1
-    for pg in placement_group_table().values():
-        key = _parse_name(pg.get("name", ""), "meshyard-pg-")
-        if key and key not in live and pg.get("state") != "REMOVED":
+    for name, state in groups:
+        key = _parse_name(name, "meshyard-pg-")
+        if key and key not in live and key[0] not in launching and state != "REMOVED":
+            log.warning("removing orphaned placement group %s", name)
             remove_pg(*key)
             removed += 1
     return removed

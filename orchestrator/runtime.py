@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -35,13 +36,21 @@ def connect_ray(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                 logging_level=logging.WARNING)
-        return False
-    ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
-    return True
+    # ray.init replaces the SIGTERM handler with one that raises SystemExit wherever the main
+    # thread is; the server (uvicorn) has its own graceful handler, so keep it.
+    main = threading.current_thread() is threading.main_thread()
+    saved = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        if address:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level=logging.WARNING)
+            return False
+        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
+        return True
+    finally:
+        if main and saved is not None:
+            signal.signal(signal.SIGTERM, saved)
 
 
 class _Loop:
@@ -89,51 +98,100 @@ class Runtime:
         self._last_sweep = 0.0
         self.scheduler: Any = None
         self.poller: Any = None
+        self.elector: Any = None
+        self._launching: set[str] = set()
+        self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         import ray
 
-        from orchestrator.poller import Poller, sweep_orphans
+        from orchestrator.poller import Poller
         from orchestrator.scheduler import Scheduler
 
         t0 = time.perf_counter()
         self.owns_ray = connect_ray(self.settings.ray_address)
         runs = Path(self.settings.runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)
-        self.register_nodes()
         launching: set[str] = set()
+        self._launching = launching
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, declared=self.declared,
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=launching)
         self.poller = Poller(self.store, launching=launching)
-        self.poller.tick()  # reconcile: reattach by name, replay from the stored cursors
-        sweep_orphans(self.store)
+        # One active scheduler per database (orchestrator/leader.py): only the lock holder
+        # schedules and polls; a standby serves the API's reads and takes over when it dies.
+        self.elector = self._make_elector()
+        if self.elector is not None:
+            self.elector.step()  # lead at once when nobody else does (the embedded default)
+        if self.is_leader:
+            self._reconcile()
         self._loops = [_Loop("meshyard-poller", self._poll_pass, self.tick_s),
-                       _Loop("meshyard-scheduler", self.scheduler.tick, self.tick_s)]
+                       _Loop("meshyard-scheduler", self._schedule_pass, self.tick_s)]
         for loop in self._loops:
             loop.start()
-        log.info("runtime up in %.1f s (ray %s)", time.perf_counter() - t0,
-                 "started locally" if self.owns_ray else "joined")
+        if self.elector is not None:
+            self.elector.start()
+        log.info("runtime up in %.1f s (ray %s, %s)", time.perf_counter() - t0,
+                 "started locally" if self.owns_ray else "joined",
+                 "leader" if self.is_leader else "standby: serving reads")
 
     def stop(self) -> None:
         for loop in self._loops:
             loop.stop()
         self._loops = []
+        if self.elector is not None:
+            self.elector.stop()  # releases the lock: a standby takes over on its next retry
+            self.elector = None
         if self.owns_ray:
             import ray
 
             ray.shutdown()
             self.owns_ray = False
 
+    # -- leadership -----------------------------------------------------------------------
+    def _make_elector(self) -> Any:
+        from orchestrator.leader import LeaderElector, LeaderLock, is_shared_database
+
+        url = self.store.engine.url.render_as_string(hide_password=False)
+        if not is_shared_database(url):
+            return None
+        return LeaderElector(LeaderLock(self.store.engine, name="scheduler"),
+                             on_elected=self._elected.set)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def _reconcile(self) -> None:
+        """On becoming leader: a fresh poller reattaches to live controllers by name and
+        replays from the stored cursors; orphans are swept; nodes are registered."""
+        from orchestrator.poller import Poller, sweep_orphans
+
+        self._elected.clear()
+        self.poller = Poller(self.store, launching=self._launching)
+        self.register_nodes()
+        self.poller.tick()
+        sweep_orphans(self.store, launching=launching)
+        self._last_sweep = time.monotonic()
+
+    def _schedule_pass(self) -> None:
+        if self.is_leader and not self._elected.is_set():
+            self.scheduler.tick()
+
     def _poll_pass(self) -> None:
         from orchestrator.poller import sweep_orphans
 
+        if not self.is_leader:
+            return
+        if self._elected.is_set():  # took over from another process: reconcile first
+            self._reconcile()
+            return
         self.poller.tick()
         if time.monotonic() - self._last_sweep > 30:
             self._last_sweep = time.monotonic()
-            sweep_orphans(self.store)
+            sweep_orphans(self.store, launching=self.poller.launching)
             self.register_nodes()
 
     # -- topology -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from orchestrator.watchdog.flight_recorder import parse_dump
 from orchestrator.watchdog.logs import parse_lines
 
 _C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
@@ -353,8 +354,9 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
                         ) -> dict[str, Any]:
     """Record the op this rank is about to run, with the seq it will get on its group.
 
-    The seq comes from the Flight Recorder's pg_status (last enqueued + 1), so it aligns with
-    the other ranks' dump entries. Written atomically; a later call replaces it.
+    The seq is the group's last enqueued collective seq in the Flight Recorder + 1, read from
+    the entries (gloo's pg_status counts send/recv too), so it aligns with the other ranks'
+    dump entries. Written atomically; a later call replaces it.
     """
     sizes, dtypes = _tensor_meta(tensor)
     pg = _group_id(group)
@@ -363,10 +365,9 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
         import torch
 
         data = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
-            False, False, False)
-        st = (pickle.loads(data).get("pg_status") or {}).get(pg) or {}  # noqa: S301
-        last = st.get("last_enqueued_collective")
-        seq = int(last) + 1 if last is not None and int(last) >= 0 else 1
+            True, False, False)
+        last = parse_dump(pickle.loads(data)).last_enqueued(pg)  # noqa: S301
+        seq = (last or 0) + 1
     except Exception:  # noqa: BLE001 - announce without a seq rather than not at all
         seq = None
     ann = {"op": op, "pg": pg, "seq": seq if peer is None else None, "is_p2p": peer is not None,

@@ -102,20 +102,33 @@ class RankTrace:
         return self._by_pg.get(pg, {})
 
     def last_enqueued(self, pg: str) -> int | None:
-        """Highest collective seq this rank enqueued on `pg` (entries, then pg_status)."""
-        seqs = [s for s in self.collectives(pg)]
+        """Highest collective seq this rank enqueued on `pg`.
+
+        Entries first: gloo's pg_status counts in op ids, which include send/recv, so its
+        numbers run ahead of collective_seq_id once a group has carried p2p traffic (seen in
+        tests/fixtures/fr/gloo_torch2.13_p2p_rank0.pkl). pg_status is used only when the ring
+        buffer kept no entry for the group.
+        """
+        seqs = list(self.collectives(pg))
         if seqs:
             return max(seqs)
         st = self.pg_status.get(pg)
-        return st.last_enqueued if st and st.last_enqueued is not None and \
-            st.last_enqueued >= 0 else None
+        if st and st.last_enqueued is not None and st.last_enqueued >= 0:
+            return st.last_enqueued
+        return None
 
     def last_completed(self, pg: str) -> int | None:
-        done = [s for s, e in self.collectives(pg).items() if e.completed]
+        entries = self.collectives(pg)
+        if entries:
+            done = [s for s, e in entries.items() if e.completed]
+            if done:
+                return max(done)
+            first = min(entries)  # all retained entries pending: in-order completion
+            return first - 1 if first > 1 else None
         st = self.pg_status.get(pg)
         if st and st.last_completed is not None and st.last_completed >= 0:
-            done.append(min(st.last_completed, self.last_enqueued(pg) or st.last_completed))
-        return max(done) if done else None
+            return st.last_completed
+        return None
 
     def pending(self, pg: str) -> list[FrEntry]:
         """Enqueued and not completed collectives and p2p ops on `pg`, oldest first."""

@@ -88,3 +88,23 @@ def test_older_versions_nccl_version_key_and_p2p_names() -> None:
 def test_entry_without_backend_prefix() -> None:
     e = parse_entry({"profiling_name": "all_gather", "collective_seq_id": 2})
     assert (e.backend, e.op) == ("", "all_gather")
+
+
+def test_gloo_pg_status_counts_p2p_so_entries_win() -> None:
+    # Real dump: all_reduce x2, send/recv, all_reduce, then rank 0 blocks in all_reduce #4.
+    r0 = load_dump(FIX / "fr" / "gloo_torch2.13_p2p_rank0.pkl")
+    assert (r0.pg_status["0"].last_enqueued, r0.pg_status["0"].last_completed) == (5, 4)
+    assert (r0.last_enqueued("0"), r0.last_completed("0")) == (4, 3)
+    assert [e.label() for e in r0.pending("0")] == ["all_reduce #4"]
+    r1 = load_dump(FIX / "fr" / "gloo_torch2.13_p2p_rank1.pkl")
+    rep = analyze(AnalysisInput(ranks=(RankEvidence(rank=0, trace=r0),
+                                       RankEvidence(rank=1, trace=r1)), world_size=2))
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.NOT_JOINED, (1,))
+
+
+def test_status_only_when_entries_were_evicted() -> None:
+    tr = parse_dump({"pg_status": {"0": {"last_enqueued_collective": 9,
+                                         "last_completed_collective": 8}}})
+    assert (tr.last_enqueued("0"), tr.last_completed("0")) == (9, 8)
+    pending_only = parse_dump({"entries": [{"collective_seq_id": 5, "retired": False}]})
+    assert pending_only.last_completed("0") == 4
