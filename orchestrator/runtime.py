@@ -173,7 +173,7 @@ class Runtime:
         self.poller = Poller(self.store, launching=self._launching)
         self.register_nodes()
         self.poller.tick()
-        sweep_orphans(self.store, launching=launching)
+        sweep_orphans(self.store, launching=self._launching)
         self._last_sweep = time.monotonic()
 
     def _schedule_pass(self) -> None:
