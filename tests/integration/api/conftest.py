@@ -1,7 +1,9 @@
 """A real `meshyard serve` (uvicorn on 127.0.0.1, its own process) on SQLite or PostgreSQL.
 
-`server` is module-scoped and parametrized over both databases; PostgreSQL runs when
-MESHYARD_TEST_POSTGRES_URL is set (a fresh database per module, dropped afterwards).
+`server` is session-scoped (a server start costs seconds on a loaded 2-core machine) and
+parametrized over both databases; PostgreSQL runs when MESHYARD_TEST_POSTGRES_URL is set (a
+fresh database for the session, dropped afterwards). Tests on the shared server create their
+own uniquely named jobs and users, so they do not depend on each other or on order.
 """
 
 from __future__ import annotations
@@ -116,10 +118,16 @@ class Server:
         return (self.data_dir / "admin.token").read_text().strip()
 
     def create_token(self, user: str, *, admin: bool = False) -> str:
-        args = ["token", "create", "--user", user, *(["--admin"] if admin else [])]
-        out = run_cli(*args, data_dir=self.data_dir, database_url=self.database_url)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip()
+        """Straight in the database, as `meshyard token create` does (test_cli covers the
+        command itself; a subprocess per token costs seconds here)."""
+        from orchestrator.store import open_store
+
+        url = self.database_url or f"sqlite:///{self.data_dir / 'meshyard.db'}"
+        store = open_store(url, migrate=False)
+        try:
+            return store.create_token(user, admin=admin, label="test")
+        finally:
+            store.close()
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -166,7 +174,7 @@ class Users:
     bob: str
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Server]:
     with database(request.param) as url:
@@ -179,7 +187,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             srv.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def users(server: Server) -> Users:
     return Users(admin=server.admin_token, alice=server.create_token("alice"),
                  bob=server.create_token("bob"))

@@ -3,34 +3,35 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 import pytest
 
 from tests.integration.api.conftest import REPO, Server, run_cli
 
-
-@pytest.fixture(scope="module")
-def cli_server(tmp_path_factory: pytest.TempPathFactory):
-    srv = Server(data_dir=tmp_path_factory.mktemp("cli") / "data").start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+# The CLI is exercised once, on the shared SQLite server (the HTTP paths are the same on both
+# databases and covered there); each command is its own process, as a user runs it.
+ON_SQLITE = pytest.mark.parametrize("server", ["sqlite"], indirect=True)
 
 
-def test_cli_job_commands_find_server_through_data_dir(cli_server: Server) -> None:
-    d = cli_server.data_dir
-    spec = REPO / "examples" / "quickstart.yaml"
-    out = run_cli("submit", str(spec), "--submission-id", "cli-1", "--json", data_dir=d)
+@ON_SQLITE
+def test_cli_job_commands_find_server_through_data_dir(server: Server, tmp_path: Path) -> None:
+    d = server.data_dir
+    name = "cli-" + secrets.token_hex(4)
+    spec = tmp_path / "job.yaml"
+    spec.write_text((REPO / "examples" / "quickstart.yaml").read_text()
+                    .replace("name: quickstart-ddp", f"name: {name}"))
+    assert name in spec.read_text()
+    out = run_cli("submit", str(spec), "--submission-id", name, "--json", data_dir=d)
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)
     assert job["created"] is True and job["state"] == "QUEUED"
 
-    again = run_cli("submit", str(spec), "--submission-id", "cli-1", data_dir=d)
+    again = run_cli("submit", str(spec), "--submission-id", name, data_dir=d)
     assert again.returncode == 0 and f"{job['id']} already submitted" in again.stdout
 
-    listed = run_cli("list", data_dir=d)
+    listed = run_cli("list", "--name", name, data_dir=d)
     assert listed.returncode == 0 and job["id"] in listed.stdout and "QUEUED" in listed.stdout
 
     status = run_cli("status", job["id"], data_dir=d)
@@ -44,14 +45,15 @@ def test_cli_job_commands_find_server_through_data_dir(cli_server: Server) -> No
     assert "None -> QUEUED [SUBMITTED]" in events.stdout
     assert "QUEUED -> CANCELLED [USER_CANCELLED]" in events.stdout
 
-    only = run_cli("list", "--state", "cancelled", "--json", data_dir=d)
+    only = run_cli("list", "--state", "cancelled", "--name", name, "--json", data_dir=d)
     assert [j["id"] for j in json.loads(only.stdout)["items"]] == [job["id"]]
 
 
-def test_cli_uses_url_and_token_from_env_and_reports_errors(cli_server: Server,
+@ON_SQLITE
+def test_cli_uses_url_and_token_from_env_and_reports_errors(server: Server,
                                                             tmp_path: Path) -> None:
-    token = cli_server.create_token("carol")
-    env = {"MESHYARD_URL": cli_server.url, "MESHYARD_TOKEN": token}
+    token = server.create_token("carol")
+    env = {"MESHYARD_URL": server.url, "MESHYARD_TOKEN": token}
     empty = tmp_path / "elsewhere"  # no server.json, no admin.token here
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nparallelism:\n  tp: 3\n")
