@@ -7,6 +7,7 @@ Screenshots go to $MESHYARD_TEST_ARTIFACTS (or a tmp dir); they are never commit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 REPO = Path(__file__).resolve().parents[2]
+WAIT_MS = 10_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -54,7 +56,7 @@ def _meshyard() -> list[str]:
 
 
 def _wait_for_server(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> str:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     info = data_dir / "server.json"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -67,32 +69,43 @@ def _wait_for_server(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -
             except (ValueError, KeyError, httpx.HTTPError):
                 pass
         time.sleep(0.1)
-    raise RuntimeError(f"meshyard serve did not start within 60 s:\n{log.read_text()}")
+    raise RuntimeError(f"meshyard serve did not start within 120 s:\n{log.read_text()}")
+
+
+@contextlib.contextmanager
+def run_server(data_dir: Path, *, scheduler: bool, extra_args: tuple[str, ...] = ()
+               ) -> Iterator[Server]:
+    """`meshyard serve` on a free port of 127.0.0.1; stopped (SIGTERM, then SIGKILL) after.
+    With the scheduler on, the server starts and stops its own local Ray."""
+    token = "e2e-" + secrets.token_urlsafe(24)
+    env = {**os.environ, "MESHYARD_ADMIN_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    log = data_dir / "serve.log"
+    args = ["serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
+            "--no-access-log", *(() if scheduler else ("--no-scheduler",)), *extra_args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*_meshyard(), *args], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        url = _wait_for_server(data_dir, proc, log)
+        store = Store(make_engine(f"sqlite:///{(data_dir / 'meshyard.db').resolve()}"))
+        try:
+            yield Server(url=url, token=token, data_dir=data_dir, store=store, proc=proc)
+        finally:
+            store.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    data_dir = tmp_path_factory.mktemp("meshyard-e2e")
-    token = "e2e-" + secrets.token_urlsafe(24)
-    env = {**os.environ, "MESHYARD_ADMIN_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    log = data_dir / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*_meshyard(), "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir",
-             str(data_dir), "--no-scheduler", "--no-access-log"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        url = _wait_for_server(data_dir, proc, log)
-        store = Store(make_engine(f"sqlite:///{(data_dir / 'meshyard.db').resolve()}"))
-        yield Server(url=url, token=token, data_dir=data_dir, store=store, proc=proc)
-        store.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with run_server(tmp_path_factory.mktemp("meshyard-e2e"), scheduler=False) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +129,39 @@ def artifacts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(configured) if configured else tmp_path_factory.mktemp("e2e-artifacts")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def context(browser: Any, server: Server) -> Iterator[Any]:
+    ctx = browser.new_context(viewport=DESKTOP, base_url=server.url)
+    ctx.set_default_timeout(WAIT_MS)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@pytest.fixture
+def page(context: Any, server: Server) -> Any:
+    """A signed-in page whose console errors and dialogs are recorded."""
+    p = context.new_page()
+    p.dialogs = []  # type: ignore[attr-defined]
+    p.errors = []  # type: ignore[attr-defined]
+    p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    # CSP violations and failed loads show up as console errors, not page errors.
+    p.on("console", lambda m: p.errors.append(m.text) if m.type == "error" else None)
+    p.goto("/login")
+    p.fill("#token", server.token)
+    p.click("#login-submit")
+    p.wait_for_url(server.url + "/")
+    return p
+
+
+def shoot(page: Any, artifacts: Path, name: str) -> None:
+    """Desktop and phone screenshots of the current page."""
+    page.set_viewport_size(DESKTOP)
+    page.screenshot(path=str(artifacts / f"{name}-1280x800.png"), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(artifacts / f"{name}-390x844.png"), full_page=True)
+    page.set_viewport_size(DESKTOP)

@@ -7,7 +7,6 @@ exactly the writes the runtime makes; the browser only ever sees what the server
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from orchestrator.lifecycle import JobState
 from orchestrator.placement.mesh import MeshShape
-from tests.e2e.conftest import DESKTOP, PHONE, Server
+from tests.e2e.conftest import DESKTOP, Server, shoot
 from tests.unit.dashboard.seed import (
     XSS_NAME,
     hang_report,
@@ -28,48 +27,11 @@ from tests.unit.dashboard.seed import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 S = JobState
-WAIT_MS = 10_000
 
 
 @pytest.fixture(scope="module")
 def nodes(server: Server) -> list[str]:
     return seed_cluster(server.store)
-
-
-@pytest.fixture
-def context(browser: Any, server: Server) -> Iterator[Any]:
-    ctx = browser.new_context(viewport=DESKTOP, base_url=server.url)
-    ctx.set_default_timeout(WAIT_MS)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
-
-
-@pytest.fixture
-def page(context: Any, server: Server) -> Any:
-    """A signed-in page whose console errors and dialogs are recorded."""
-    p = context.new_page()
-    p.dialogs = []  # type: ignore[attr-defined]
-    p.errors = []  # type: ignore[attr-defined]
-    p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))
-    p.on("pageerror", lambda e: p.errors.append(str(e)))
-    # CSP violations and failed loads show up as console errors, not page errors.
-    p.on("console", lambda m: p.errors.append(m.text) if m.type == "error" else None)
-    p.goto("/login")
-    p.fill("#token", server.token)
-    p.click("#login-submit")
-    p.wait_for_url(server.url + "/")
-    return p
-
-
-def shoot(page: Any, artifacts: Path, name: str) -> None:
-    """Desktop and phone screenshots of the current page."""
-    page.set_viewport_size(DESKTOP)
-    page.screenshot(path=str(artifacts / f"{name}-1280x800.png"), full_page=True)
-    page.set_viewport_size(PHONE)
-    page.screenshot(path=str(artifacts / f"{name}-390x844.png"), full_page=True)
-    page.set_viewport_size(DESKTOP)
 
 
 def row_state(page: Any, job_id: str) -> Any:

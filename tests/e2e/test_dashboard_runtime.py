@@ -1,0 +1,91 @@
+"""The dashboard against a `meshyard serve` that really runs jobs (local Ray, gloo on CPU):
+a submitted job appears, goes RUNNING and SUCCEEDED on the open page without a reload, its
+detail page shows the real ranks, metrics and logs; a running job is cancelled by the button.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Server, run_server, shoot
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
+RUN_MS = 120_000  # a CPU job's workers import torch first: seconds on a busy 2-core machine
+
+TINY = {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
+        "seq_len": 16}
+
+# Records every state the jobs table shows for one job: the table is rebuilt on each poll, so
+# a MutationObserver sees each badge the page ever displayed, without a reload in between.
+WATCH_ROW = """id => {
+  window.__seen = [];
+  const body = document.getElementById('jobs-body');
+  const note = () => {
+    const b = body.querySelector(`tr[data-job-id='${id}'] .badge`);
+    const s = b && b.textContent;
+    if (s && window.__seen[window.__seen.length - 1] !== s) window.__seen.push(s);
+  };
+  new MutationObserver(note).observe(body, {childList: true, subtree: true});
+  note();
+}"""
+
+
+def tiny_job(name: str, steps: int) -> dict[str, Any]:
+    return {"name": name, "parallelism": {"dp_replicate": 2},
+            "resources": {"cpus_per_worker": 0.25}, "model": dict(TINY),
+            "training": {"steps": steps, "micro_batch_size": 2, "lr": 0.01}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with run_server(tmp_path_factory.mktemp("meshyard-e2e-rt"), scheduler=True) as s:
+        yield s
+
+
+def test_submitted_job_runs_to_success_live(page: Any, server: Server,
+                                            artifacts_dir: Path) -> None:
+    page.evaluate("window.__noReload = 1")
+    with server.client() as api:
+        resp = api.post("/v1/jobs", json=tiny_job("real-run", steps=150))
+        assert resp.status_code == 201, resp.text
+        job_id = resp.json()["id"]
+    page.locator(f'tr[data-job-id="{job_id}"]').wait_for()
+    page.evaluate(WATCH_ROW, job_id)
+    page.wait_for_function("() => window.__seen.includes('SUCCEEDED') || "
+                           "window.__seen.includes('FAILED')", timeout=RUN_MS)
+    seen = page.evaluate("window.__seen")
+    assert seen[-1] == "SUCCEEDED", (seen, (server.data_dir / "serve.log").read_text()[-3000:])
+    assert "RUNNING" in seen and seen.index("RUNNING") < seen.index("SUCCEEDED"), seen
+    assert page.evaluate("window.__noReload") == 1
+    row = page.locator(f'tr[data-job-id="{job_id}"]')
+    assert "150 / 150" in row.inner_text()
+
+    page.goto(f"/jobs/{job_id}")
+    page.locator("#rank-body tr").nth(1).wait_for()
+    assert page.locator("#rank-body tr").count() == 2
+    page.wait_for_function("() => Number(document.querySelector('#chart-loss svg')"
+                           "?.dataset.points) === 150")
+    assert page.locator(".pm-gpu.used").count() == 2  # CPU ranks drawn as slots of their node
+    assert page.locator("#events li").filter(has_text="RUNNING").count() >= 1
+    page.locator("#log-tail").filter(has_text="[0]").wait_for()
+    shoot(page, artifacts_dir, "real-job")
+    assert page.errors == []
+
+
+def test_cancel_a_running_job_with_the_button(page: Any, server: Server) -> None:
+    with server.client() as api:
+        job_id = api.post("/v1/jobs", json=tiny_job("real-cancel", steps=100_000)).json()["id"]
+    page.goto(f"/jobs/{job_id}")
+    page.wait_for_function("() => document.getElementById('job-state').textContent "
+                           "=== 'RUNNING'", timeout=RUN_MS)
+    page.click("#cancel-btn")
+    page.click("#cancel-btn")
+    page.wait_for_function("() => document.getElementById('job-state').textContent "
+                           "=== 'CANCELLED'", timeout=RUN_MS)
+    assert page.locator("#events li").filter(has_text="USER_CANCELLED").count() >= 1
+    record = server.store.get_job(job_id)
+    assert record is not None and record.state.value == "CANCELLED"
