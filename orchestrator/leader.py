@@ -9,7 +9,8 @@ the lock runs the scheduler and the poller; the other serves reads and retries e
   over on its next retry (about a second), with no expiry to wait for.
 - SQLite (the single-machine embedded default): a row in `leader_leases` with an expiry,
   renewed every retry; a compare-and-set UPDATE takes it when it is free, ours, or expired.
-  A dead leader is replaced after at most `lease_s`.
+  A dead leader is replaced after at most `lease_s`, at once when it was a process of this
+  host that is provably gone (a `meshyard serve` killed and restarted).
 
 Either way `is_leader` turns False by itself when the lock could not be confirmed for
 `lease_s` (a stuck renewal must not leave two leaders believing they lead).
@@ -30,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, create_engine, insert, text, update
+from sqlalchemy import Connection, Engine, create_engine, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -49,6 +50,34 @@ def advisory_key(name: str) -> int:
     """A stable signed 64-bit key for `pg_try_advisory_lock` (same name → same key)."""
     digest = hashlib.sha256(f"meshyard.leader:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def application_name(name: str) -> str:
+    """The leader session's PostgreSQL application_name: lock name, host and pid (63 max)."""
+    return f"meshyard-leader:{name}:{socket.gethostname()}:{os.getpid()}"[:63]
+
+
+def current_leader(engine: Engine, *, name: str = "scheduler") -> str | None:
+    """Who holds the lock now: PostgreSQL, the holder session's application_name
+    (`meshyard-leader:<name>:<host>:<pid>`); SQLite, the unexpired lease's holder
+    (`<host>:<pid>:<nonce>`). None when nobody leads."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            key = advisory_key(name)
+            return conn.execute(text(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
+                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid::bigint = :hi AND l.objid::bigint = :lo"),
+                {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF}).scalar()
+        return conn.execute(select(LeaderLease.holder).where(
+            LeaderLease.name == name, LeaderLease.expires_at >= time.time())).scalar()
+
+
+def is_shared_database(url: str) -> bool:
+    """False for an in-memory SQLite database: only this process can see it, so it leads
+    without a lock (a lease table there would be a different, empty database)."""
+    u = make_url(url)
+    return not (u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:"))
 
 
 def default_holder() -> str:
@@ -82,7 +111,8 @@ class LeaderLock:
             url = self.url
             if url.drivername == "postgresql":
                 url = url.set(drivername="postgresql+psycopg")
-            args = dict(_PG_CONNECT_ARGS, application_name=f"meshyard-leader-{self.name}")
+            # pg_stat_activity then says who leads (see `current_leader`).
+            args = dict(_PG_CONNECT_ARGS, application_name=application_name(self.name))
             return create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT",
                                  connect_args=args)
         if self.backend == "sqlite":
@@ -167,6 +197,8 @@ class LeaderLock:
             ).values(holder=self.holder, expires_at=expires)).rowcount
         if taken == 1:
             return True
+        if self._take_from_dead_local_holder(expires):
+            return True
         try:
             with self._engine.begin() as conn:
                 conn.execute(insert(LeaderLease).values(
@@ -174,6 +206,41 @@ class LeaderLock:
             return True
         except IntegrityError:
             return False  # someone holds an unexpired lease
+
+
+    def _take_from_dead_local_holder(self, expires: float) -> bool:
+        """A holder on this host whose process is gone (`meshyard serve` killed and started
+        again) need not be waited out: take its lease at once. Only for pids we can prove
+        dead here; anything else waits for the expiry."""
+        with self._engine.begin() as conn:
+            holder = conn.execute(select(LeaderLease.holder).where(
+                LeaderLease.name == self.name)).scalar()
+            if holder is None or not holder_is_dead_here(holder):
+                return False
+            taken = conn.execute(update(LeaderLease).where(
+                LeaderLease.name == self.name, LeaderLease.holder == holder,
+            ).values(holder=self.holder, expires_at=expires)).rowcount
+        if taken == 1:
+            log.info("leader lock %r: took over from %s (process gone)", self.name, holder)
+        return taken == 1
+
+
+def holder_is_dead_here(holder: str) -> bool:
+    """True when `holder` (host:pid:nonce) names a process of this host that no longer runs."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False  # another lock object of this very process: alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # exists, owned by someone else
+    return False
 
 
 class LeaderElector:

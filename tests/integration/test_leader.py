@@ -6,13 +6,22 @@ real processes and kill -9.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from orchestrator.leader import LeaderElector, LeaderLock, advisory_key
+from orchestrator.leader import (
+    LeaderElector,
+    LeaderLock,
+    current_leader,
+    holder_is_dead_here,
+)
 from orchestrator.store.db import upgrade_database
 
 pytestmark = pytest.mark.integration
@@ -77,22 +86,52 @@ def test_sqlite_lease_expires_when_the_leader_stops_renewing(sqlite_url: str) ->
         b.close()
 
 
+def test_current_leader_on_sqlite(sqlite_url: str) -> None:
+    upgrade_database(sqlite_url)
+    a = LeaderLock(sqlite_url, lease_s=5)
+    engine = create_engine(sqlite_url)
+    try:
+        assert current_leader(engine) is None
+        assert a.try_acquire()
+        assert current_leader(engine) == a.holder
+        a.release()
+        assert current_leader(engine) is None
+    finally:
+        a.close()
+        engine.dispose()
+
+
+def test_dead_local_holder_is_replaced_at_once(sqlite_url: str) -> None:
+    upgrade_database(sqlite_url)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    ghost = f"{socket.gethostname()}:{dead.stdout.strip()}:deadbeef"
+    assert holder_is_dead_here(ghost)
+    assert not holder_is_dead_here(f"{socket.gethostname()}:{os.getpid()}:x")
+    assert not holder_is_dead_here(f"{socket.gethostname()}:1:x")  # init: alive
+    assert not holder_is_dead_here(f"other-host:{dead.stdout.strip()}:x")
+    ghost_lock = LeaderLock(sqlite_url, lease_s=600, holder=ghost)  # a long lease, then dies
+    b = LeaderLock(sqlite_url, lease_s=600)
+    try:
+        assert ghost_lock.try_acquire()
+        assert b.try_acquire(), "a dead process of this host is not waited out"
+    finally:
+        b.close()
+        ghost_lock.close()
+
+
 def test_postgres_lock_dies_with_the_session(postgres_url: str) -> None:
     a = LeaderLock(postgres_url, holder="a")
     b = LeaderLock(postgres_url, holder="b")
     admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     try:
         assert a.try_acquire() and not b.try_acquire()
+        holder = current_leader(admin)
+        assert holder == f"meshyard-leader:scheduler:{socket.gethostname()}:{os.getpid()}"
         with admin.connect() as conn:
-            held = conn.execute(text(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
-                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND ((l.classid::bigint << 32) | l.objid::bigint) = :k"),
-                {"k": advisory_key("scheduler")}).scalars().all()
-            assert held == ["meshyard-leader-scheduler"]
             # The leader's session ends (what happens when its process dies).
             conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE application_name = 'meshyard-leader-scheduler'"))
+                              "WHERE application_name = :h"), {"h": holder})
         assert _wait_for(b.try_acquire, timeout_s=5), "standby must take the lock at once"
         assert a.try_acquire() is False, "the old leader notices on its next renewal"
         assert not a.is_leader
