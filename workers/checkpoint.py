@@ -34,6 +34,10 @@ from torch.distributed.checkpoint.state_dict import (
 from orchestrator.spec import JobSpec
 
 MARKER = "COMPLETE"
+# Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
+# different parameters, and index-keyed groups ("param_groups.0.params") collide across
+# ranks in DCP's dedup, so a pp rank would load another stage's group.
+_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 ZERO1_FILE = "zero1_optim.pt"
 
 
@@ -69,6 +73,11 @@ class Checkpointer:
         self._zero1 = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
         self._pending: tuple[int, Future[Any]] | None = None
         self._last_saved = -1
+        self._async = self._cfg.enabled and self._cfg.async_save and dist.is_initialized()
+        # The async save's background thread runs collectives (plan / metadata exchange).
+        # On the training group they would interleave with the main thread's gradient
+        # all-reduces and deadlock, so async saves get their own gloo group.
+        self._pg = dist.new_group(backend="gloo") if self._async else None
 
     # -- state ------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -76,7 +85,7 @@ class Checkpointer:
         if self._zero1:
             msd = get_state_dict(model, [])[0]
             return {"model": msd}
-        msd, osd = get_state_dict(model, self._opt)
+        msd, osd = get_state_dict(model, self._opt, options=_OPTIM_OPTIONS)
         return {"model": msd, "optim": osd}
 
     # -- save -------------------------------------------------------------------------------
@@ -97,9 +106,9 @@ class Checkpointer:
             if self._rank == 0:
                 path.mkdir(parents=True, exist_ok=True)
                 torch.save(self._opt.state_dict(), path / ZERO1_FILE)
-        use_async = self._cfg.async_save and dist.is_initialized()
-        if use_async:
-            self._pending = (step, dcp.async_save(state, checkpoint_id=str(path)))
+        if self._async:
+            fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg)
+            self._pending = (step, fut)
         else:
             dcp.save(state, checkpoint_id=str(path))
             self._finish(step)
@@ -146,7 +155,7 @@ class Checkpointer:
         model = self._parts[0] if len(self._parts) == 1 else self._parts
         if "optim" in state:
             set_state_dict(model, self._opt, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+                           optim_state_dict=state["optim"], options=_OPTIM_OPTIONS)
         else:
             set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={},
                            options=StateDictOptions(strict=True))

@@ -12,9 +12,11 @@ kind looks like to the hang watchdog (heartbeats + Flight Recorder):
   completed, then fail with the collective timeout. Verdict: a rank that never joined.
 * ``crash`` — rank R calls ``os._exit(CRASH_EXIT_CODE)`` at the start of step S: heartbeats
   stop, the process is gone, peers time out in their next collective. Verdict: RANK_EXITED.
-* ``mismatch`` — rank R calls the loss all-reduce with 3 elements instead of 2 at step S:
-  every rank has the same seq enqueued but the sizes differ. gloo aborts the process (SIGABRT)
-  when it notices; NCCL would hang or corrupt. Verdict: COLLECTIVE_MISMATCH.
+* ``mismatch`` — rank R calls the loss all-reduce with MISMATCH_NUMEL elements instead of 2 at
+  step S: every rank has the same seq enqueued but the sizes differ (Flight Recorder entries
+  show both sizes). gloo aborts the rank with the smaller buffer (SIGABRT) at once, so
+  evidence must be taken at or before the call; NCCL would hang or corrupt memory instead.
+  Verdict: COLLECTIVE_MISMATCH.
 * ``desync`` — rank R skips the loss all-reduce at step S: from then on its seq numbers lag
   its peers by one and its next collective (a gradient all-reduce / reduce-scatter) pairs with
   their loss all-reduce. Verdict: COLLECTIVE_MISMATCH (seq / op mismatch).
@@ -41,6 +43,9 @@ from enum import StrEnum
 from orchestrator.spec import FaultKind, InjectFault, JobSpec
 
 CRASH_EXIT_CODE = 43
+# Elements the mismatching rank all-reduces instead of 2. A large difference makes gloo detect
+# it (the smaller side aborts with SIGABRT); 3 vs 2 would silently pair up and hang instead.
+MISMATCH_NUMEL = 4096
 
 
 class CollectiveAction(StrEnum):

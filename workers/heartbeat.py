@@ -80,7 +80,13 @@ class HeartbeatThread:
         while not self._stop.wait(self._interval):
             self.beat()
 
-    def stop(self) -> None:
+    def stop(self, *, final_beat: bool = True) -> None:
+        """Stops the thread; ``final_beat`` reports the last state (e.g. DONE) once more.
+
+        After an error the caller skips it: a failed collective reads as completed in the
+        Flight Recorder, and the last periodic beat (taken while stuck) is the better evidence.
+        """
         self._stop.set()
         self._thread.join(timeout=5)
-        self.beat()  # final state (e.g. DONE) for the host
+        if final_beat:
+            self.beat()

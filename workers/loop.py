@@ -33,12 +33,12 @@ from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
-from workers.faults import CollectiveAction, FaultInjector
+from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
 from workers.grads import clip_grad_norm
 from workers.heartbeat import HeartbeatThread, Progress
 from workers.mesh import ParallelDims, build_mesh
 from workers.model import build_model, loss_fn
-from workers.parallelize import build_optimizer, parallelize
+from workers.parallelize import build_optimizer, dp_plan, parallelize
 from workers.runner import BuildContext, StepRunner, build_runner
 
 
@@ -96,7 +96,7 @@ def run_training(
     dims.validate_world(env.world_size)
     progress = Progress()
     hb = HeartbeatThread(progress, cbs, rank=env.rank, interval_s=heartbeat_interval_s).start()
-    created_pg = False
+    created_pg = ok = False
     try:
         # Build (and resolve a user import path) before joining the group: a bad spec fails
         # on every rank by itself instead of leaving peers waiting in a collective.
@@ -108,10 +108,13 @@ def run_training(
         ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
                             parts=run.runner.model_parts, optimizer=run.optimizer,
                             rank=env.rank)
-        return _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
-    finally:
+        result = _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
         progress.enter(Phase.DONE)
-        hb.stop()
+        ok = True
+        return result
+    finally:
+        # On an error the last heartbeat stays the one taken while stuck (watchdog evidence).
+        hb.stop(final_beat=ok)
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -133,7 +136,8 @@ def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
     data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
                       seq_len=built.seq_len, device=device)
     callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "
-                     f"runner={type(runner).__name__} optimizer={type(optimizer).__name__}")
+                     f"dp={dp_plan(spec, dims)} runner={type(runner).__name__} "
+                     f"optimizer={type(optimizer).__name__}")
     return _Run(spec=spec, rank=env.rank, world=env.world_size, device=device, runner=runner,
                 optimizer=optimizer, data=data, faults=faults, progress=progress,
                 callbacks=callbacks, tokens_per_step=spec.global_batch_size * built.seq_len)
@@ -147,7 +151,7 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
     if run.world > 1:
         action = run.faults.before_collective(step)
         if action == CollectiveAction.MISMATCH:
-            vals = torch.cat([vals, torch.zeros(1, device=run.device)])
+            vals = torch.zeros(MISMATCH_NUMEL, device=run.device)
         if action != CollectiveAction.SKIP:
             dist.all_reduce(vals)
     return float(vals[0] / vals[1].clamp(min=1.0))

@@ -71,7 +71,8 @@ def _sp_root_plan(module: nn.Module) -> dict[str, Any]:
                                             desired_output_layouts=Shard(1))
     if getattr(module, "norm", None) is not None:
         plan["norm"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                          desired_input_layouts=(Replicate(),))
+                                          desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)
     return plan
 
 
