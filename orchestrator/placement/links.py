@@ -238,6 +238,10 @@ class LinkModel:
                 by_node[name].append(gpu)
             else:
                 by_node[name] = [gpu]
+        if len(by_node) == len(members) and not self._any_nvl:
+            # one GPU per node (data-parallel and pipeline peers): only the network counts
+            gpus = {g for _, g in members}
+            return self.network_link(self.span(by_node), rail_aligned=len(gpus) == 1)
         links = [self.ring(name, gpus) for name, gpus in by_node.items() if len(gpus) > 1]
         if len(by_node) > 1:
             domains = {self._nvl[n] for n in by_node} if self._any_nvl else {None}

@@ -27,9 +27,10 @@ tp=4, dp_replicate=1 -> one TP group; every node holds it, node-b is the tightes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.placement.blocks import block_sizes, candidates
 from orchestrator.placement.cost import Estimate, ModelDims, estimate_below
@@ -51,6 +52,8 @@ __all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "sol
 _CANDIDATES = 4  # distinct domain shapes costed per block size
 _SCAN = 64  # fitting domains looked at per block size to find those shapes
 _MAX_COSTED = 16  # candidates costed per solve, in order (bounds the time on big clusters)
+_RANK_BUDGET = 4096  # ...and fewer for big jobs: about this many ranks costed in all
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -154,39 +157,62 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
                     units: int, packing: Packing, links: LinkModel,
                     model: ModelDims | None) -> Placement:
     """The cheapest of the BestFit candidates (plain and block-aligned, see blocks.py, on the
-    tree and on its spread variants); ties go to the earliest: plain BestFit first, tightest
-    domain first."""
+    tree and on its spread variants), taken round-robin: the tightest domain of every kind
+    first, then the runners-up. Ties go to the earliest. Big jobs cost fewer candidates
+    (about 4,096 ranks' worth, at least one of each kind) to bound the solve time."""
+    streams = [_domains(root, units=units, per_block=blk * mesh.tp // packing.unit,
+                        packing=packing) for root in roots for blk in block_sizes(mesh)]
+    budget = max(len(streams), min(_MAX_COSTED, _RANK_BUDGET // mesh.world_size))
     best: tuple[Estimate, list[tuple[str, int]], Domain] | None = None
     tried: set[object] = set()
-    for root, blk in ((r, b) for r in roots for b in block_sizes(mesh)):
-        per_block = blk * mesh.tp // packing.unit
-        shapes: set[object] = set()
-        for dom, counts in candidates(root, units=units, per_block=per_block, packing=packing,
-                                      limit=_SCAN):
-            twin = shape(dom)
-            if twin in shapes:  # same structure as a domain already tried: same cost
-                continue
-            shapes.add(twin)
-            if len(shapes) > _CANDIDATES:
-                break
-            for rail_first in (False, True):
-                chosen = _choose_gpus(cluster, counts, packing=packing, links=links,
-                                      rail_first=rail_first)
-                if chosen is None:
-                    continue
-                key = frozenset((n, tuple(g)) for n, g in chosen.items())
-                if key in tried or len(tried) >= _MAX_COSTED:
-                    continue
-                tried.add(key)
-                slots = assign_slots(cluster, mesh, chosen, tp_within=packing.tp_within)
-                bound = None if best is None else best[0].total_s * (1 - 1e-9)
-                est = estimate_below(slots, mesh=mesh, links=links, model=model, bound=bound)
-                if est is not None and (bound is None or est.total_s < bound):
-                    best = (est, slots, dom)
+    for dom, counts, rail_first in _round_robin(streams):
+        if len(tried) >= budget:
+            break
+        chosen = _choose_gpus(cluster, counts, packing=packing, links=links,
+                              rail_first=rail_first)
+        if chosen is None:
+            continue
+        key = frozenset((n, tuple(g)) for n, g in chosen.items())
+        if key in tried:
+            continue
+        tried.add(key)
+        slots = assign_slots(cluster, mesh, chosen, tp_within=packing.tp_within)
+        bound = None if best is None else best[0].total_s * (1 - 1e-9)
+        est = estimate_below(slots, mesh=mesh, links=links, model=model, bound=bound)
+        if est is not None and (bound is None or est.total_s < bound):
+            best = (est, slots, dom)
     assert best is not None, "capacity was checked before"
     est, slots, dom = best
     return Placement(mesh=mesh, ranks=to_rank_placements(cluster, mesh, slots), estimate=est,
                      level=dom.level, domain=dom.path, tp_within=packing.tp_within)
+
+
+def _domains(root: Domain, *, units: int, per_block: int,
+             packing: Packing) -> Iterator[tuple[Domain, dict[str, int], bool]]:
+    """BestFit choices of one kind, skipping domains shaped like one already yielded (same
+    structure, same cost); each once as is and once with GPUs on common rails."""
+    shapes: set[object] = set()
+    for dom, counts in candidates(root, units=units, per_block=per_block, packing=packing,
+                                  limit=_SCAN):
+        twin = shape(dom)
+        if twin in shapes:
+            continue
+        shapes.add(twin)
+        if len(shapes) > _CANDIDATES:
+            return
+        yield dom, counts, False
+        yield dom, counts, True
+
+
+def _round_robin(streams: list[Iterator[_T]]) -> Iterator[_T]:
+    live = list(streams)
+    while live:
+        for stream in list(live):
+            item = next(stream, None)
+            if item is None:
+                live.remove(stream)
+            else:
+                yield item
 
 
 def _choose_gpus(cluster: ClusterTopology, counts: dict[str, int], *, packing: Packing,

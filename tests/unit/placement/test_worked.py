@@ -155,6 +155,11 @@ def test_avoid_nodes() -> None:
     assert p.nodes == ("node-a",)
     f = solve(c, MeshShape(tp=8), constraints=Constraints(avoid_nodes=("node-a",)))
     assert f.reason == FailureReason.INSUFFICIENT_FREE  # type: ignore[union-attr]
+    by_id = ClusterTopology(levels=("leaf",), nodes=(
+        ClusterNode("node-a", nvswitch(), {"leaf": "l0"}, node_id="ray-a"),
+        ClusterNode("node-b", nvswitch(), {"leaf": "l0"}, node_id="ray-b")))
+    p = placed(solve(by_id, MeshShape(tp=8), constraints=Constraints(avoid_nodes=("ray-a",))))
+    assert p.nodes == ("node-b",) and p.ranks[0].node_key == "ray-b"
 
 
 def test_multi_node_nvlink_domain() -> None:
