@@ -128,6 +128,29 @@ def split_model(model: nn.Module, layout: StageLayout) -> list[nn.Module]:
             for s in layout.stage_ids]
 
 
+class StageUnion(nn.Module):
+    """One module over all of a rank's stage modules, with the whole model's FQNs.
+
+    Interleaved ranks hold several stage modules; the optimizer and checkpoints want one
+    module whose parameter names match the unsplit model (``embed.tok.weight``,
+    ``layers.4.attn.wq.weight``...). This view shares the stage modules' submodules, so it
+    owns no parameters of its own and is never called.
+    """
+
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        layers: dict[str, nn.Module] = {}
+        for part in parts:
+            for end in (EMBED, NORM, HEAD):
+                if getattr(part, end, None) is not None:
+                    setattr(self, end, getattr(part, end))
+            layers.update(getattr(part, LAYERS).items())
+        self.layers = nn.ModuleDict({k: layers[k] for k in sorted(layers, key=int)})
+
+    def forward(self, *_: Any) -> torch.Tensor:
+        raise RuntimeError("StageUnion is a parameter view; run the pipeline schedule instead")
+
+
 def pp_clip_grad_norm(params: Iterable[nn.Parameter], *, max_norm: float | None,
                       pp_group: Any, device: torch.device) -> float:
     """Total L2 grad norm over every pipeline stage; scales grads down to ``max_norm`` if set.
@@ -204,6 +227,7 @@ class PipelineRunner:
                  faults: FaultInjector | None = None,
                  p2p_timeouts_s: tuple[float, float] | None = None) -> None:
         self._parts = list(parts)
+        self._view = self._parts if len(self._parts) == 1 else [StageUnion(self._parts)]
         self.stages = list(stages)
         self.schedule = schedule
         self.pp_group = pp_group
@@ -222,7 +246,9 @@ class PipelineRunner:
 
     @property
     def model_parts(self) -> list[nn.Module]:
-        return self._parts
+        # One module per rank (a StageUnion view when it holds several stages), named like
+        # the unsplit model, for the optimizer and the checkpointer.
+        return self._view
 
     def _instrument(self, stage: PipelineStage, faults: FaultInjector | None) -> None:
         # Heartbeat phases: the schedule interleaves forwards and backwards, so the phase is
@@ -277,7 +303,7 @@ class PipelineRunner:
         return torch.stack([x.detach().float() for x in losses]).mean()
 
     def clip_grad_norm(self, max_norm: float | None) -> float:
-        params = [p for m in self._parts for p in m.parameters()]
+        params = [p for m in self.model_parts for p in m.parameters()]
         return pp_clip_grad_norm(params, max_norm=max_norm, pp_group=self.pp_group,
                                  device=self.device)
 
