@@ -132,3 +132,13 @@ def test_placement_modules_are_pure() -> None:
             "bad = [m for m in ('torch', 'ray', 'fastapi', 'sqlalchemy') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_module_docstring_example_tp8_on_one_h100_node() -> None:
+    c = cluster([("h100", nvswitch(), {}, [])], levels=())
+    p = solve(c, MeshShape(tp=8))
+    assert isinstance(p, Placement)
+    (tp,) = p.estimate.dimensions
+    # 128 all-reduces of 32 MiB over 8 ranks at 450 GB/s: 2*7/8*M/B + 14 * 2 us each
+    each = 2 * 7 / 8 * (4096 * 4096 * 2) / 450e9 + 14 * 2e-6
+    assert tp.seconds == pytest.approx(128 * each) and tp.seconds == pytest.approx(0.0203, 1e-2)
