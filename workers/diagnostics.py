@@ -184,6 +184,22 @@ def _global_rank(group: Any, group_rank: int) -> int | None:
         return None
 
 
+def process_groups() -> dict[str, dict[str, Any]]:
+    """This process's groups keyed like the Flight Recorder keys them (group_name), with their
+    GLOBAL ranks in group-rank order and description — gloo dumps leave pg_config empty."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        out = {}
+        for pg, name in dict(c10d._world.pg_names).items():
+            ranks = c10d._world.pg_group_ranks.get(pg, {})
+            out[str(name)] = {"ranks": [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
+                              "desc": str(getattr(pg, "group_desc", "") or "")}
+        return out
+    except Exception:  # noqa: BLE001 - private API; absent means "unknown"
+        return {}
+
+
 def thread_stacks() -> tuple[str, dict[str, Any] | None, str | None]:
     """(all threads' stacks as text, pending op of the training thread, its top frame)."""
     frames = sys._current_frames()
@@ -260,6 +276,7 @@ def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str |
     _piece(summary, "stacks", lambda: _collect_stacks(out_dir, summary))
     _piece(summary, "fr_dump", lambda: _collect_fr(out_dir, summary, fr_stack_traces))
     _piece(summary, "logs", lambda: _collect_logs(out_dir, summary, log_paths))
+    summary["process_groups"] = process_groups()
     _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
     ann = read_announcement(run_dir, rank)
     if ann is not None:

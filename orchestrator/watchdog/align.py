@@ -168,15 +168,23 @@ def _mismatches(pg: str, fps: Mapping[int, Mapping[int, Fingerprint]],
         at = {r: fp[seq] for r, fp in fps.items() if seq in fp}
         if len(at) < 2 or len(set(at.values())) == 1:
             continue
-        return (_one_mismatch(pg, seq, at),)
+        m = _one_mismatch(pg, seq, at)
+        if m is not None:
+            return (m,)
     return ()
 
 
-def _one_mismatch(pg: str, seq: int, at: Mapping[int, Fingerprint]) -> Mismatch:
-    counts = Counter(at.values())
+def _one_mismatch(pg: str, seq: int, at: Mapping[int, Fingerprint]) -> Mismatch | None:
+    # Op-only fingerprints (from logs or heartbeats) are compared on the op alone.
+    full = {r: fp for r, fp in at.items() if fp.sizes or fp.dtypes}
+    counts = Counter((full or at).values())
     (ref, n), *rest = counts.most_common()
     tie = bool(rest) and rest[0][1] == n
-    deviants = {r: fp for r, fp in at.items() if tie or fp != ref}
+    deviants = {r: fp for r, fp in at.items()
+                if (r in full or not full) and (tie or fp != ref)
+                or r not in full and full and fp.op != ref.op}
+    if not deviants:
+        return None
     if any(fp.op != ref.op for fp in deviants.values()):
         field = "op"
     elif any(fp.sizes != ref.sizes for fp in deviants.values()):

@@ -120,3 +120,32 @@ def _opt_int(v: Any) -> int | None:
         return None if v is None else int(v)
     except (TypeError, ValueError):
         return None
+
+
+def analysis_input(summaries: Mapping[int, Mapping[str, Any]], *, world_size: int,
+                   dead: Mapping[int, str] | None = None,
+                   announcements: Mapping[int, Mapping[str, Any]] | None = None,
+                   locations: Mapping[int, RankLocation] | None = None,
+                   trigger: str = "stall", artifacts: tuple[str, ...] = ()) -> AnalysisInput:
+    """The controller's one call: summaries of the ranks that answered, exit info of the
+    dead (with their last announcement), and group membership merged from the summaries'
+    `process_groups` (keyed by group_name, as the Flight Recorder keys groups)."""
+    ranks: list[RankEvidence] = []
+    members: dict[str, tuple[int, ...]] = {}
+    names: dict[str, str] = {}
+    for r, s in sorted(summaries.items()):
+        ranks.append(RankEvidence.from_summary(s, alive=True, rank=r))
+        for pg, info in (s.get("process_groups") or {}).items():
+            if info.get("ranks"):
+                members.setdefault(str(pg), tuple(int(x) for x in info["ranks"]))
+            if info.get("desc"):
+                names.setdefault(str(pg), str(info["desc"]))
+    for r, info in sorted((dead or {}).items()):
+        if r in summaries:
+            continue
+        ann = (announcements or {}).get(r)
+        ranks.append(RankEvidence(rank=r, alive=False, exit_info=info,
+                                  pending=(PendingOp.from_dict(ann),) if ann else ()))
+    return AnalysisInput(ranks=tuple(ranks), world_size=world_size, pg_members=members,
+                         pg_names=names, locations=locations or {}, trigger=trigger,
+                         artifacts=artifacts)

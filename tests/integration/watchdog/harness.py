@@ -22,7 +22,7 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from orchestrator.watchdog.analyze import analyze
-from orchestrator.watchdog.inputs import AnalysisInput, PendingOp, RankEvidence
+from orchestrator.watchdog.inputs import AnalysisInput, analysis_input
 from orchestrator.watchdog.report import DiagnosisReport
 
 STAMP = "round1"
@@ -195,14 +195,7 @@ def evidence_from_run(run_dir: Path, *, world: int, summaries: dict[int, dict[st
     exit code and the op they announced before dying."""
     from workers.diagnostics import read_announcement
 
-    ranks = []
-    for r in range(world):
-        if r in summaries:
-            ranks.append(RankEvidence.from_summary(summaries[r], alive=True))
-            continue
-        ann = read_announcement(run_dir, r)
-        ranks.append(RankEvidence(
-            rank=r, alive=False, exit_info=f"exit code {exit_codes.get(r)}",
-            pending=(PendingOp.from_dict(ann),) if ann else ()))
-    return AnalysisInput(ranks=tuple(ranks), world_size=world, trigger=trigger,
-                         artifacts=(str(run_dir / "diagnostics" / STAMP),))
+    dead = {r: f"exit code {exit_codes.get(r)}" for r in range(world) if r not in summaries}
+    anns = {r: a for r in dead if (a := read_announcement(run_dir, r)) is not None}
+    return analysis_input(summaries, world_size=world, dead=dead, announcements=anns,
+                          trigger=trigger, artifacts=(str(run_dir / "diagnostics" / STAMP),))

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.watchdog.analyze import analyze
 from orchestrator.watchdog.flight_recorder import parse_dump
-from orchestrator.watchdog.inputs import AnalysisInput, PendingOp, RankEvidence
+from orchestrator.watchdog.inputs import AnalysisInput, PendingOp, RankEvidence, analysis_input
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 from tests.unit.watchdog.synth import Job, Op, evidence, simulate, tp_dp_groups
 
@@ -287,3 +287,20 @@ def test_isend_matched_by_recv_is_wedged_not_a_mismatch() -> None:
              RankEvidence(rank=1, pending=(PendingOp(op="recv", is_p2p=True, peer=0),)))
     rep = analyze(AnalysisInput(ranks=ranks, world_size=2))
     assert rep.verdict is Verdict.COMM_WEDGED
+
+
+def test_analysis_input_merges_group_membership_from_summaries() -> None:
+    # Two ranks answered; rank 2 died after announcing. Group "1" is known only from summaries.
+    dumps = simulate(Job(world=3, groups={"0": (0, 1, 2), "1": (0, 2)},
+                         program=[Op("0"), Op("1"), Op("1")], stop_before={2: 2}))
+    summaries = {r: {"rank": r, "fr_dump": dumps[r],
+                     "process_groups": {"0": {"ranks": [0, 1, 2], "desc": "default_pg"},
+                                        "1": {"ranks": [0, 2], "desc": "dp"}}}
+                 for r in (0, 1)}
+    inp = analysis_input(summaries, world_size=3, dead={2: "exit code -9"},
+                         announcements={2: {"op": "all_reduce", "pg": "1", "seq": 2}})
+    assert dict(inp.pg_members) == {"0": (0, 1, 2), "1": (0, 2)}
+    assert inp.pg_names["1"] == "dp"
+    rep = analyze(inp)
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.RANK_EXITED, (2,))
+    assert "all_reduce #2 on pg 1 (dp)" in rep.summary
