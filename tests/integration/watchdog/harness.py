@@ -82,22 +82,38 @@ def rank_main(rank: int, world: int, port: int, scenario: str, culprit: int, run
         dist.barrier()
         collect_evidence(run_dir, rank, stamp=STAMP)
         os._exit(0)
+    groups = _mesh_groups(rank, world) if scenario == "multi_pg" else {}
     _mark_inject(run_dir, rank)
     _start_collector(run_dir, rank, collect_after_s)
     try:
         _scenario(scenario, rank=rank, world=world, culprit=culprit, t=t, run_dir=run_dir,
-                  announce=announce_collective)
+                  announce=announce_collective, groups=groups)
     except Exception as ex:  # noqa: BLE001 - peers of an aborted rank see connection resets
         Path(run_dir, f"error_rank{rank}.txt").write_text(repr(ex))
     blocked_in_user_code(COLLECTIVE_TIMEOUT_S * 2)
 
 
+def _mesh_groups(rank: int, world: int) -> dict[str, Any]:
+    """tp=2 x dp=world/2, created by every rank in the same order (as DeviceMesh does)."""
+    import torch.distributed as dist
+
+    tp = [dist.new_group([r, r + 1], group_desc=f"tp{r // 2}") for r in range(0, world, 2)]
+    dp = [dist.new_group(list(range(o, world, 2)), group_desc=f"dp{o}") for o in range(2)]
+    return {"tp": tp[rank // 2], "dp": dp[rank % 2]}
+
+
 def _scenario(name: str, *, rank: int, world: int, culprit: int, t: Any, run_dir: str,
-              announce: Any) -> None:
+              announce: Any, groups: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    if name == "not_joined":
+    if name == "multi_pg":
+        for step in range(2):
+            dist.all_reduce(t, group=groups["tp"])
+            if step == 1 and rank == culprit:
+                blocked_in_user_code(COLLECTIVE_TIMEOUT_S * 2)
+            dist.all_reduce(t, group=groups["dp"])
+    elif name == "not_joined":
         if rank == culprit:
             blocked_in_user_code(COLLECTIVE_TIMEOUT_S * 2)
         dist.all_reduce(t)

@@ -46,6 +46,20 @@ def test_rank_that_never_enters_all_reduce_is_named(world: int, culprit: int, tm
     assert dump["pg_status"]["0"]["last_enqueued_collective"] == 3
 
 
+@pytest.mark.slow  # four processes and six process groups
+def test_tp_dp_subgroups_blame_the_hung_rank(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # tp groups {0,1} {2,3}, dp groups {0,2} {1,3}; rank 3 never enters its dp all_reduce.
+    out = _run("multi_pg", 4, 3, tmp_path, capsys)
+    rep = out.report
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.NOT_JOINED, (3,))
+    # The worker reported membership keyed as the Flight Recorder keys groups.
+    groups = out.summaries[1]["process_groups"]
+    dp1 = next(k for k, g in groups.items() if g["desc"] == "dp1")
+    assert groups[dp1]["ranks"] == [1, 3]
+    assert f"on pg {dp1} (dp1)" in rep.summary
+
+
 def test_rank_that_exits_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _run("rank_exited", 3, 0, tmp_path, capsys)
     assert out.exit_codes[0] == 3
