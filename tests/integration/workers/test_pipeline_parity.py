@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.workers.pipeline_launch import (
     FIXTURES,
     TINY,
     assert_ok,
     assert_parity,
+    metrics,
     reference,
     run_dir,
     runner_used,
@@ -25,7 +27,7 @@ TWO_RANK = [TINY / "pp-gpipe.yaml", TINY / "pp-1f1b.yaml", TINY / "pp-interleave
 FOUR_RANK = [TINY / "pp-dp.yaml", FIXTURES / "pp-fsdp.yaml"]
 
 
-def _check_all(tmp: Path, *, nproc: int, specs: list[Path]) -> None:
+def _check_all(tmp: Path, *, nproc: int, specs: list[Path]) -> Path:
     dist_out, ref_out = tmp / "dist", tmp / "ref"
     assert_ok(torchrun(nproc=nproc, specs=specs, out=dist_out))
     assert_ok(reference(specs=specs, out=ref_out))
@@ -33,12 +35,37 @@ def _check_all(tmp: Path, *, nproc: int, specs: list[Path]) -> None:
         d = run_dir(dist_out, spec, n_specs=len(specs))
         assert "runner=PipelineRunner" in runner_used(d, 0), spec.name
         assert_parity(d, run_dir(ref_out, spec, n_specs=len(specs)))
+    return dist_out
 
 
-def test_gpipe_1f1b_interleaved_match_reference_on_2_ranks(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # gpipe also uses grad accumulation 2 (8 pipeline microbatches per step); interleaved
     # holds two virtual stages per rank.
-    _check_all(tmp_path, nproc=2, specs=TWO_RANK)
+    return _check_all(tmp_path_factory.mktemp("pp2"), nproc=2, specs=TWO_RANK)
+
+
+def test_gpipe_1f1b_interleaved_match_reference_on_2_ranks(two_rank_runs: Path) -> None:
+    assert all((two_rank_runs / s.stem / "metrics.jsonl").is_file() for s in TWO_RANK)
+
+
+@pytest.mark.slow
+def test_interleaved_resume_continues_the_same_trajectory(two_rank_runs: Path,
+                                                          tmp_path: Path) -> None:
+    """Stop after 6 steps (checkpoints at 3 and 6, async), resume to 12: the losses equal
+    the uninterrupted run's exactly (each rank reloads its own stages' parameters and AdamW
+    state by FQN)."""
+    doc = yaml.safe_load((TINY / "pp-interleaved.yaml").read_text())
+    doc["checkpoint"] = {"enabled": True, "every_steps": 3, "async_save": True}
+    spec = tmp_path / "pp-interleaved-ckpt.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "run"
+    assert_ok(torchrun(nproc=2, specs=[spec], out=out, steps=6))
+    assert_ok(torchrun(nproc=2, specs=[spec], out=out, steps=12))
+    assert "resumed from checkpoint at step 6" in runner_used(out, 0)
+    got = [(m["step"], m["loss"]) for m in metrics(out)]
+    want = [(m["step"], m["loss"]) for m in metrics(two_rank_runs / "pp-interleaved")]
+    assert got == want
 
 
 def test_pp_with_ddp_and_fsdp_match_reference_on_4_ranks(tmp_path: Path) -> None:
