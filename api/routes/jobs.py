@@ -16,12 +16,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from api.admission import admission_issues
+from api.bodies import parse_document
 from api.deps import JobDep, SettingsDep, StoreDep, UserDep
 from api.errors import ApiError, Unprocessable
 from api.responses import model_response
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
 from orchestrator.lifecycle import JobState
-from orchestrator.spec import FieldIssue, SpecValidationError, load_document, parse_spec
+from orchestrator.spec import FieldIssue, SpecValidationError, parse_spec
 from orchestrator.store.jobs import BadCursor
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -45,7 +46,7 @@ SUBMIT_BODY_DOC: dict[str, Any] = {
 @dataclass(frozen=True)
 class RawBody:
     text: str
-    content_type: str
+    yaml: bool
 
 
 async def raw_body(request: Request) -> RawBody:
@@ -62,8 +63,7 @@ async def raw_body(request: Request) -> RawBody:
     except UnicodeDecodeError as exc:
         raise Unprocessable([FieldIssue("<root>", f"body is not UTF-8: {exc}",
                                         "parse_error")]) from None
-    return RawBody(text=text, content_type="application/yaml" if kind in YAML_TYPES
-                   else "application/json")
+    return RawBody(text=text, yaml=kind in YAML_TYPES)
 
 
 def split_submission(data: Any, *, header_key: str | None) -> tuple[Any, str | None]:
@@ -101,7 +101,7 @@ def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: UserDep, store
                settings: SettingsDep, request: Request,
                idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
                ) -> Response:
-    data = load_document(body.text, content_type=body.content_type)
+    data = parse_document(body.text, yaml_body=body.yaml)
     spec_data, submission_id = split_submission(data, header_key=idempotency_key)
     spec = parse_spec(spec_data)
     issues = admission_issues(spec, settings=settings, shape=request.app.state.cluster_shape)

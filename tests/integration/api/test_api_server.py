@@ -168,6 +168,19 @@ def test_yaml_submission(server: Server, users: Users) -> None:
                                    headers={"Content-Type": "text/csv"}), 415)
 
 
+def test_hostile_documents_are_422_and_the_server_stays_up(server: Server, users: Users) -> None:
+    bomb = "name: bomb\nmodel:\n  kind: import\n  path: a.b:c\n  kwargs:\n" \
+        "    a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"    {c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    with server.client(users.alice) as alice:
+        r = alice.post("/v1/jobs", content=bomb, headers={"Content-Type": "application/yaml"})
+        assert "aliases" in _assert_problem(r, 422)["errors"][0]["msg"]
+        deep = alice.post("/v1/jobs", content="[" * 200_000,
+                          headers={"Content-Type": "application/json"})
+        assert _assert_problem(deep, 422)["errors"][0]["loc"] == "<root>"
+        assert alice.get("/healthz").status_code == 200
+
+
 def test_job_subresources_and_events(server: Server, users: Users) -> None:
     with server.client(users.alice) as alice:
         job = _submit(alice).json()
