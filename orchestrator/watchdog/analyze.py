@@ -209,7 +209,12 @@ def _wait_graph_finding(ctx: _Ctx) -> _Finding | None:
     p2p = any("p2p" in targets[r] for r in sinks)
     no_info = [r for r in sinks if all(r not in v.not_joined for v in ctx.views)
                and not any(p.peer == r for _, p in ctx.p2p)]
+    # As many waiting as missing (1 vs 1 in a 2-rank group): "never entered" and "the other
+    # made an extra call" read the same from the traces, so say so in the confidence.
+    tie = not p2p and all(len(v.waiters) <= len(v.not_joined) for v in ctx.views
+                          if v.stuck_seq is not None and set(sinks) & set(v.not_joined))
     conf = (0.85 if p2p else 0.9) * (0.6 if no_info == sinks else 1.0) * ctx.coverage ** 0.5
+    conf *= 0.8 if tie and no_info != sinks else 1.0
     return _Finding(Verdict.P2P_MISMATCH if p2p else Verdict.NOT_JOINED, tuple(sinks),
                     conf, _sink_summary(ctx, sinks, p2p), details={"wait_for": lines})
 
