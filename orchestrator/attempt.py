@@ -35,6 +35,7 @@ class AttemptConfig:
     steps: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     cluster: dict[str, Any] | None = None  # cluster_to_dict of the nodes used (GPU jobs)
+    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/pool.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttemptConfig:
@@ -63,6 +64,8 @@ class WorkerGang:
         self._results: dict[int, dict[str, Any]] = {}
         self._dead: set[int] = set()
         self._last_step: dict[int, int] = {}
+        self._actors: list[Any] = []
+        self._pooled: dict[str, list[Any]] = {}  # node id → leased warm actors
 
     # -- start ------------------------------------------------------------------------------
     def create(self) -> list[dict[str, Any]] | None:
@@ -70,18 +73,22 @@ class WorkerGang:
         from workers.actor import WorkerActor
 
         pg = ray.util.get_placement_group(self.cfg.pg_name)
+        pooled = self._lease_pooled()
         actors = []
         for i, b in enumerate(self.cfg.bundles):
             res = b["resources"]
+            if i in pooled:
+                actors.append(pooled[i])
+                continue
             actors.append(WorkerActor.options(
                 num_cpus=res.get("CPU", 0), num_gpus=res.get("GPU", 0), max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=i),
             ).remote())
+        self._actors = actors
         infos = self._gather([a.info.remote() for a in actors], self.cfg.init_timeout_s)
         if infos is None:
-            for a in actors:
-                ray.kill(a, no_restart=True)
+            self.kill()
             return None
         landed = [dict(info, bundle=i) for i, info in enumerate(infos)]
         by_bundle = self._ranks_for(landed)
@@ -97,6 +104,28 @@ class WorkerGang:
         port = ray.get(rank0.free_port.remote(), timeout=_POLL_TIMEOUT_S * 6)
         self.master = {"addr": self.ranks[0]["ip"], "port": port}
         return [dict(self.ranks[r]) for r in sorted(self.ranks)]
+
+    def _lease_pooled(self) -> dict[int, Any]:
+        """Bundle index → a warm pooled actor on the bundle's node (CPU bundles only)."""
+        if not self.cfg.use_pool or any(b["resources"].get("GPU") for b in self.cfg.bundles):
+            return {}
+        from orchestrator.pool import find_pool
+
+        pool = find_pool()
+        if pool is None:
+            return {}
+        by_node: dict[str, list[int]] = {}
+        for i, b in enumerate(self.cfg.bundles):
+            by_node.setdefault(b["node_id"], []).append(i)
+        out: dict[int, Any] = {}
+        for node, idxs in by_node.items():
+            try:
+                got = ray.get(pool.lease.remote(node, len(idxs)), timeout=_POLL_TIMEOUT_S)
+            except (RayError, GetTimeoutError):
+                continue
+            self._pooled.setdefault(node, []).extend(got)
+            out.update(zip(idxs, got, strict=False))
+        return out
 
     def _ranks_for(self, landed: list[dict[str, Any]]) -> dict[int, int]:
         """Bundle index → rank, from where each actor landed (the placement module's rules
@@ -222,10 +251,29 @@ class WorkerGang:
         while len(self._results) < len(self._refs) and time.monotonic() < deadline:
             self.wait(timeout_s=0.2)
 
-    def kill(self) -> None:
-        for w in self.workers.values():
+    def kill(self, *, succeeded: bool = False) -> None:
+        """Ends every worker; leased warm actors go back to the pool (reused only after a
+        clean success, see orchestrator/pool.py), the others are killed."""
+        pooled = {a for actors in self._pooled.values() for a in actors}
+        for w in self._actors or list(self.workers.values()):
+            if w in pooled:
+                continue
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(w, no_restart=True)
+        if self._pooled:
+            from orchestrator.pool import find_pool
+
+            pool = find_pool()
+            for node, actors in self._pooled.items():
+                if pool is not None:
+                    # Waited for: the controller may be killed right after this attempt ends.
+                    with contextlib.suppress(RayError, GetTimeoutError):
+                        ray.get(pool.give_back.remote(node, actors, succeeded), timeout=30)
+                else:
+                    for a in actors:
+                        with contextlib.suppress(Exception):
+                            ray.kill(a, no_restart=True)
+            self._pooled = {}
 
     def diagnostics(self, *, timeout_s: float) -> dict[int, Any]:
         refs = {r: w.diagnostics.remote() for r, w in self.workers.items() if r not in self._dead}

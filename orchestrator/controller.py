@@ -183,7 +183,7 @@ class AttemptController:
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
-                gang.kill()
+                gang.kill(succeeded=True)
                 self._finish("succeeded", results=gang.results())
                 return
 

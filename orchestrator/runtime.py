@@ -84,9 +84,11 @@ class _Loop:
 
 
 class Runtime:
-    def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.5,
-                 train_fn: str | None = None, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.25,
+                 train_fn: str | None = None, extra_env: dict[str, str] | None = None,
+                 warm_pool: int = 0) -> None:
         self.settings = settings
+        self.warm_pool = warm_pool  # warm worker actors per CPU node (orchestrator/pool.py)
         self.store = store
         self.tick_s = tick_s
         self.train_fn = train_fn
@@ -118,7 +120,11 @@ class Runtime:
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, declared=self.declared,
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
-                                   launching=launching)
+                                   launching=launching, use_pool=self.warm_pool > 0)
+        if self.warm_pool > 0:
+            from orchestrator.pool import ensure_pool
+
+            ensure_pool(self.warm_pool)
         self.poller = Poller(self.store, launching=launching)
         # One active scheduler per database (orchestrator/leader.py): only the lock holder
         # schedules and polls; a standby serves the API's reads and takes over when it dies.
@@ -226,5 +232,23 @@ class Runtime:
             loop.poke()
 
 
+    def wait_for_pool(self, *, timeout_s: float = 120.0) -> dict[str, int]:
+        """Blocks until the warm pool holds `warm_pool` ready actors on some node."""
+        import ray
+
+        from orchestrator.pool import find_pool
+
+        deadline = time.monotonic() + timeout_s
+        ready: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            pool = find_pool()
+            ready = ray.get(pool.ready.remote(), timeout=10) if pool is not None else {}
+            if ready and max(ready.values()) >= self.warm_pool:
+                return ready
+            time.sleep(0.2)
+        raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")
+
+
 def build_runtime(*, settings: Settings, store: Store) -> Runtime:
-    return Runtime(settings, store)
+    # MESHYARD_WARM_POOL: warm worker actors per CPU node (0 = off, the default).
+    return Runtime(settings, store, warm_pool=int(os.environ.get("MESHYARD_WARM_POOL", "0")))

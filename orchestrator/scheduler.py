@@ -40,8 +40,9 @@ class Scheduler:
                  declared: Callable[[], ClusterTopology | None],
                  near_node_id: str | None = None, train_fn: str | None = None,
                  extra_env: dict[str, str] | None = None,
-                 launching: set[str] | None = None) -> None:
+                 launching: set[str] | None = None, use_pool: bool = False) -> None:
         self.store = store
+        self.use_pool = use_pool
         self.launching = launching if launching is not None else set()
         self.runs_dir = runs_dir.resolve()
         self._declared = declared
@@ -149,4 +150,5 @@ class Scheduler:
             "placement_timeout_s": spec.placement.timeout_s,
             "init_timeout_s": min(spec.fault_tolerance.init_timeout_s, 600.0),
             "train_fn": self.train_fn, "extra_env": self.extra_env, "cluster": cluster,
+            "use_pool": self.use_pool,
         }

@@ -110,6 +110,7 @@ class WorkerActor:
         self._state = "idle"
         self._assignment: dict[str, Any] | None = None
         self._jobs_run = 0
+        self._baseline_threads = {t.ident for t in threading.enumerate()}
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -147,7 +148,7 @@ class WorkerActor:
         self._state = "running"
         log_dir = Path(assignment["log_dir"])
         log_dir.mkdir(parents=True, exist_ok=True)
-        saved_env = dict(os.environ)
+        saved = _ProcessState.capture()
         capture = LogCapture(stdout=log_dir / f"rank-{rank}.stdout",
                              stderr=log_dir / f"rank-{rank}.stderr", sink=self._buf.log)
         capture.start()
@@ -156,7 +157,8 @@ class WorkerActor:
         finally:
             capture.stop()
             self._jobs_run += 1
-            self._reset_process(saved_env)
+            self._assignment = None
+            saved.restore()
 
     def _train(self, assignment: dict[str, Any], *, log_dir: Path) -> dict[str, Any]:
         rank = int(assignment["rank"])
@@ -185,20 +187,6 @@ class WorkerActor:
                     "message": str(exc) or type(exc).__name__, "traceback": tb,
                     "last_step": self._buf.last_step, "seconds": time.time() - t0}
 
-    def _reset_process(self, saved_env: dict[str, str]) -> None:
-        """Leaves the process as a new job expects it (warm pool): no process group, the
-        original environment. Why: a pooled actor runs jobs of different users in turn."""
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group must not keep the actor busy
-            pass
-        os.environ.clear()
-        os.environ.update(saved_env)
-        self._assignment = None
-
     @ray.method(concurrency_group="control")
     def poll(self) -> dict[str, Any]:
         out = self._buf.drain()
@@ -212,6 +200,27 @@ class WorkerActor:
     @ray.method(concurrency_group="control")
     def ping(self) -> str:
         return self._state
+
+    @ray.method(concurrency_group="control")
+    def check_clean(self) -> dict[str, Any]:
+        """May this actor run another job? (warm pool; see orchestrator/pool.py)"""
+        reasons = []
+        if self._state not in ("idle", "completed"):
+            reasons.append(f"last run ended {self._state}")
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                reasons.append("a process group is still initialised")
+        except ImportError:
+            pass
+        extra = [t.name for t in threading.enumerate()
+                 if not t.daemon and t is not threading.main_thread()
+                 and t.ident not in self._baseline_threads]
+        if extra:
+            reasons.append(f"non-daemon threads left: {extra}")
+        return {"clean": not reasons, "reasons": reasons, "jobs_run": self._jobs_run,
+                "pid": os.getpid()}
 
     @ray.method(concurrency_group="diag")
     def diagnostics(self, request: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -229,6 +238,41 @@ class WorkerActor:
         except Exception as exc:  # noqa: BLE001 - diagnostics never raise
             out["evidence_error"] = f"{type(exc).__name__}: {exc}"
         return out
+
+
+class _ProcessState:
+    """What a job may change in this process, restored after it (warm-pool isolation)."""
+
+    def __init__(self, env: dict[str, str], cwd: str, modules: set[str],
+                 threads: int | None) -> None:
+        self.env, self.cwd, self.modules, self.threads = env, cwd, modules, threads
+
+    @classmethod
+    def capture(cls) -> _ProcessState:
+        threads = None
+        if "torch" in sys.modules:
+            threads = sys.modules["torch"].get_num_threads()
+        return cls(dict(os.environ), os.getcwd(), set(sys.modules), threads)
+
+    def restore(self) -> None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group shows up in check_clean
+            pass
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.chdir(self.cwd)
+        if self.threads is not None:
+            sys.modules["torch"].set_num_threads(self.threads)
+        # Modules under a top-level package the process did not have before the job are
+        # the job's own code (an import-path model): drop them so the next job re-imports.
+        tops = {m.partition(".")[0] for m in self.modules}
+        for name in [m for m in sys.modules if m not in self.modules]:
+            if name.partition(".")[0] not in tops:
+                sys.modules.pop(name, None)
 
 
 def _apply_rank_env(spec: Any, assignment: dict[str, Any]) -> None:
