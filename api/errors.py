@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -90,7 +91,7 @@ def _summary(issues: list[FieldIssue]) -> str:
 
 def problem(*, status: int, detail: str, instance: str, problem_type: str = "about:blank",
             errors: list[FieldIssue] | None = None,
-            headers: dict[str, str] | None = None) -> JSONResponse:
+            headers: Mapping[str, str] | None = None) -> JSONResponse:
     body: dict[str, Any] = {
         "type": problem_type,
         "title": HTTPStatus(status).phrase,
@@ -100,7 +101,8 @@ def problem(*, status: int, detail: str, instance: str, problem_type: str = "abo
     }
     if errors is not None:
         body["errors"] = [{"loc": i.loc, "msg": i.msg, "type": i.type} for i in errors]
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}),
+                        media_type=PROBLEM_JSON)
 
 
 def _request_loc(loc: tuple[Any, ...]) -> str:
