@@ -9,8 +9,8 @@ ApiError family below; nothing else in api/ builds error responses.
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
