@@ -129,7 +129,11 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
         print("Created the admin user. Its token is shown once and saved to "
               f"{settings.data_dir / ADMIN_TOKEN_FILE} (mode 0600):\n"
               f"  {prepared.created_admin_token}", flush=True)
-    sock = bind_socket(settings.host, settings.port)
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        raise SystemExit(f"meshyard: cannot listen on {settings.host}:{settings.port}: "
+                         f"{exc.strerror}; pick another --port (0 picks a free one)") from None
     port = sock.getsockname()[1]
     url = public_url(settings.host, port)
     app = create_app(settings, store=prepared.store,
