@@ -7,9 +7,10 @@
 Starts `meshyard serve` (one uvicorn worker, access log off, no scheduler) in its own process
 on a fresh data dir / fresh PostgreSQL database, submits --jobs jobs through POST /v1/jobs from
 --concurrency client threads (keep-alive connections), then times --samples sequential
-GET /v1/jobs/{id} (random ids) and GET /v1/jobs?limit=50 (random pages). Latency is measured
-at the client (stdlib http.client, to keep client overhead small). Writes
-bench/results/api.json.
+GET /v1/jobs/{id} (random ids) and GET /v1/jobs?limit=50 (random pages), and GET /healthz as
+the floor (uvicorn + FastAPI with no auth and no database). Latency is measured at the client
+(stdlib http.client, to keep client overhead small); the server's CPU per request is read from
+/proc. Writes bench/results/api.json.
 """
 
 from __future__ import annotations
@@ -167,7 +168,16 @@ def measure(url: str, token: str, pid: int, args: argparse.Namespace) -> dict[st
     with server_cpu(pid, cpu, requests=args.samples + 50):
         get_list = latency(conn, list_paths)
     get_list.update(cpu)
-    return {"submit": sub, "get_job": get_one, "list_jobs_limit_50": get_list}
+    # The floor: same server, same connection, no auth and no database. Its ratio to the reads
+    # is what meshyard adds on top of uvicorn + FastAPI, and is steadier than absolute times.
+    with server_cpu(pid, cpu, requests=args.samples + 50):
+        floor = latency(conn, ["/healthz"] * args.samples)
+    floor.update(cpu)
+    return {"submit": sub, "get_job": get_one, "list_jobs_limit_50": get_list,
+            "healthz_floor": floor,
+            "p50_ratio_vs_floor": {
+                "get_job": round(get_one["p50_ms"] / floor["p50_ms"], 2),
+                "list_jobs_limit_50": round(get_list["p50_ms"] / floor["p50_ms"], 2)}}
 
 
 def run_backend(name: str, *, database_url: str | None, args: argparse.Namespace
