@@ -18,7 +18,7 @@ from typing import Any
 Fields = dict[str, Any]
 Events = list[tuple[str, Fields]]
 
-_DESYNC_START = re.compile(r"- \[(?P<rank>\d+)\] Timeout at collective: (?P<op>\w+), #(?P<seq>\d+)")
+_DESYNC_START = re.compile(r"\[(?P<rank>\d+)\] Timeout at collective: (?P<op>\w+), #(?P<seq>\d+)")
 _DESYNC_CULPRITS = re.compile(r"ranks that caused the desync are")
 _DESYNC_RANKS = re.compile(r"^-?\s*\[(?P<ranks>[\d, ]+)\] (?P<text>.+)$")
 _DESYNC_SNAPSHOT = re.compile(r"Snapshot of ranks' latest states")

@@ -52,7 +52,7 @@ _TORCHRUN_RE = re.compile(r"^\[(?:rank|default)(?P<rank>\d+)\]:\s?")
 _NAMED_RE = re.compile(r"^\[(?P<name>[\w.\-]+)\|(?P<rank>\d+)\]:\s?")
 _REPEAT_RE = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
 _TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
-                    r"(?:\s*[|:-])?\s*(?=\S)")
+                    r"(?: ?[|:-](?=\s))?\s*(?=\S)")
 # Where a second NCCL record starts inside one physical line (two writers, one line).
 _NCCL_SPLIT_RE = re.compile(r"(?<=\S)\s+(?=[\w.\-]+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?NCCL )")
 _TORCH_SPLIT_RE = re.compile(r"(?<=\S)(?=\[rank\d+\]:\[[EWIF])")
