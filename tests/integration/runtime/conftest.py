@@ -43,7 +43,7 @@ def tiny_spec(name: str, **over: Any) -> dict[str, Any]:
         "fault_tolerance": {"max_failures": 1, "init_timeout_s": 60, "collective_timeout_s": 30},
     }
     for key, value in over.items():
-        if key != "parallelism" and isinstance(value, dict) and isinstance(spec.get(key), dict):
+        if key not in ("parallelism", "model") and isinstance(value, dict) and isinstance(spec.get(key), dict):
             spec[key] = {**spec[key], **value}
         else:
             spec[key] = value
