@@ -21,7 +21,7 @@ from typing import Any
 _PATTERNS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<HEX>"),
     (re.compile(r"\b[0-9a-f]{16,}\b"), "<ID>"),
-    (re.compile(r"\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"), "<ADDR>"),
+    (re.compile(r"\[?\b\d{1,3}(\.\d{1,3}){3}\b\]?(:\d+)?"), "<ADDR>"),
     (re.compile(r"\d+(\.\d+)?"), "<N>"),
 )
 

@@ -1,0 +1,66 @@
+"""Planning against an inventory built from Ray-like node records and a declared topology."""
+
+from orchestrator.inventory import RayNode, build_inventory, reserved_gpus
+from orchestrator.planning import GangPlan, Pending, plan_job
+from orchestrator.spec import parse_spec
+from orchestrator.topology.declared import parse_cluster_doc
+
+DECLARED = parse_cluster_doc({"levels": ["leaf"], "nodes": [
+    {"name": "n1", "gpus": 4, "labels": {"leaf": "l0"}},
+    {"name": "n2", "gpus": 4, "labels": {"leaf": "l1"}}]})
+
+
+def _ray(name: str, *, gpus: int, free_gpus: int, cpus: float = 8, free_cpus: float = 8):
+    return RayNode(node_id=f"id-{name}", ip="127.0.0.1", labels={"meshyard.io/node": name},
+                   gpus=gpus, cpus=cpus, free_gpus=free_gpus, free_cpus=free_cpus)
+
+
+def _spec(**parallelism: int) -> object:
+    return parse_spec({"name": "t", "parallelism": parallelism,
+                       "resources": {"cpus_per_worker": 0.5}})
+
+
+def test_inventory_joins_by_node_label_and_pads_busy_gpus_from_ray_counts():
+    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=1), _ray("n2", gpus=4,
+                                                                            free_gpus=4)],
+                          declared=DECLARED, busy={"id-n1": [0]})
+    n1 = inv.cluster.node("n1")
+    assert n1.node_id == "id-n1" and n1.labels["leaf"] == "l0"
+    assert n1.busy_gpus == {0, 3, 2}  # ours (0) plus two more Ray says are in use
+    assert inv.free_gpus == 5
+
+
+def test_gpu_plan_pins_every_rank_to_a_ray_node():
+    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=4),
+                                     _ray("n2", gpus=4, free_gpus=4)], declared=DECLARED)
+    plan = plan_job(_spec(tp=4, dp_replicate=2), inv)
+    assert isinstance(plan, GangPlan) and plan.device == "gpu"
+    assert [b["rank"] for b in plan.bundles] == list(range(8))
+    assert {b["node_id"] for b in plan.bundles[:4]} != {b["node_id"] for b in plan.bundles[4:]}
+    assert all(b["resources"] == {"GPU": 1, "CPU": 0.5} for b in plan.bundles)
+    assert reserved_gpus([plan.to_dict()]) == {"id-n1": [0, 1, 2, 3], "id-n2": [0, 1, 2, 3]}
+
+
+def test_pending_kinds_infeasible_waiting_fragmented():
+    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
+                                     _ray("n2", gpus=4, free_gpus=2)], declared=DECLARED)
+    never = plan_job(_spec(dp_replicate=16), inv)
+    assert isinstance(never, Pending) and never.kind == "infeasible"
+    assert never.to_dict()["needed_gpus"] == 16 and never.to_dict()["total_gpus"] == 8
+    waits = plan_job(_spec(dp_replicate=6), inv)
+    assert isinstance(waits, Pending) and waits.kind == "waiting"
+    frag = plan_job(_spec(tp=4), inv)  # 4 free in total, but 2 + 2 on two nodes
+    assert isinstance(frag, Pending) and frag.kind == "fragmented"
+    avoided = plan_job(_spec(dp_replicate=2), inv, avoid={"n1", "n2"})
+    assert isinstance(avoided, Pending)
+
+
+def test_cpu_jobs_pack_consecutive_ranks_on_the_roomiest_node():
+    nodes = [_ray("a", gpus=0, free_gpus=0, cpus=2, free_cpus=2),
+             _ray("b", gpus=0, free_gpus=0, cpus=4, free_cpus=3)]
+    inv = build_inventory(ray_nodes=nodes, declared=None)
+    plan = plan_job(_spec(dp_replicate=8), inv)
+    assert isinstance(plan, GangPlan) and plan.device == "cpu"
+    assert [b["node"] for b in plan.bundles] == ["b"] * 6 + ["a"] * 2
+    assert plan_job(_spec(dp_replicate=13), inv).kind == "infeasible"  # type: ignore[union-attr]
+    assert plan_job(_spec(dp_replicate=11), inv).kind == "waiting"  # type: ignore[union-attr]
