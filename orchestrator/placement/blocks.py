@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from orchestrator.placement.domains import Domain, Packing, fill
+from orchestrator.placement.domains import Domain, Packing, fill, take_order
 from orchestrator.placement.mesh import MeshShape
 
 
@@ -48,8 +48,8 @@ def _block_caps(depths: list[list[Domain]], home: int, per_block: int) -> dict[i
     return caps
 
 
-def candidates(root: Domain, *, units: int, per_block: int, packing: Packing,
-               limit: int) -> Iterator[tuple[Domain, dict[str, int]]]:
+def candidates(root: Domain, *, units: int, per_block: int, packing: Packing, limit: int,
+               tight: bool = True) -> Iterator[tuple[Domain, dict[str, int]]]:
     """Up to `limit` (domain, GPUs per node) choices packing `units` in blocks of `per_block`,
     tightest first."""
     if units % per_block:
@@ -69,22 +69,23 @@ def candidates(root: Domain, *, units: int, per_block: int, packing: Packing,
             break
     for dom in fits[:limit]:
         yield dom, _fill_blocks(dom, need, caps=caps, home=set(map(id, depths[home])),
-                                per_block=per_block, packing=packing)
+                                per_block=per_block, packing=packing, tight=tight)
 
 
 def _fill_blocks(dom: Domain, k: int, *, caps: dict[int, int], home: set[int], per_block: int,
-                 packing: Packing) -> dict[str, int]:
+                 packing: Packing, tight: bool) -> dict[str, int]:
     if id(dom) in home:
-        return fill(dom, k * per_block, packing)
+        return fill(dom, k * per_block, packing, tight=tight)
     out: dict[str, int] = {}
-    left = sorted(dom.children, key=lambda c: (-caps[id(c)], c.free, c.order))
+    left = sorted(dom.children, key=lambda c: take_order(c, caps[id(c)], tight))
     while k > 0:
         fits = [c for c in left if caps[id(c)] >= k]
-        child = min(fits, key=lambda c: (caps[id(c)], c.cap, c.free, c.order)) if fits else left[0]
+        child = min(fits, key=lambda c: (caps[id(c)], c.cap, c.free, c.order)) \
+            if fits and tight else left[0]
         take = min(k, caps[id(child)])
         assert take > 0, "block fill beyond the domain's capacity"
         out.update(_fill_blocks(child, take, caps=caps, home=home, per_block=per_block,
-                                packing=packing))
+                                packing=packing, tight=tight))
         k -= take
         left.remove(child)
     return out

@@ -21,7 +21,7 @@ the tightest leaf L1 is chosen, and inside it c (4 groups) then d (1 group): L0 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.placement.nodeinfo import fingerprint, islands
@@ -60,6 +60,7 @@ class Domain:
     cap: int = 0
     free: int = 0
     pool: bool = False
+    links_gbs: float = 0.0  # slowest ring through a node's free GPUs; a domain: its worst node
 
     @property
     def name(self) -> str:
@@ -91,9 +92,11 @@ def node_cap(node: ClusterNode, free: list[int], packing: Packing) -> int:
 
 
 def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[str] = frozenset(),
-               ignore_busy: bool = False, max_per_node: int | None = None) -> Domain:
+               ignore_busy: bool = False, max_per_node: int | None = None,
+               links_gbs: Callable[[ClusterNode, list[int]], float] | None = None) -> Domain:
     """The domain tree with capacities. Avoided nodes (by name or id) are left out.
-    `max_per_node` caps each node's capacity (the solver's spread candidates)."""
+    `max_per_node` caps each node's capacity (the solver's spread candidates); `links_gbs`
+    rates a node's free GPUs (for the PACK-like fill's tie-break)."""
     levels = tuple(reversed(cluster.levels))  # coarsest first
     root = Domain(level="cluster", path=(), order=0)
     index: dict[tuple[str, ...], Domain] = {(): root}
@@ -116,7 +119,7 @@ def build_tree(cluster: ClusterTopology, packing: Packing, *, avoid: frozenset[s
         if max_per_node is not None:
             cap = min(cap, max_per_node)
         leaf = Domain(level="node", path=(*full, node.name), order=i, node=node, cap=cap,
-                      free=len(free))
+                      free=len(free), links_gbs=links_gbs(node, free) if links_gbs else 0.0)
         parent.children.append(leaf)
     _sum_caps(root, packing)
     return root
@@ -129,6 +132,7 @@ def _sum_caps(dom: Domain, packing: Packing) -> None:
         _sum_caps(child, packing)
     dom.free = sum(c.free for c in dom.children)
     dom.cap = dom.free // packing.tp if dom.pool else sum(c.cap for c in dom.children)
+    dom.links_gbs = min((c.links_gbs for c in dom.children if c.cap > 0), default=0.0)
 
 
 def by_level(root: Domain) -> list[list[Domain]]:
@@ -150,24 +154,36 @@ def bestfit_key(dom: Domain) -> tuple[int, int, int]:
     return (dom.cap, dom.free, dom.order)
 
 
-def fill(dom: Domain, k: int, packing: Packing) -> dict[str, int]:
-    """GPUs to take per node name so that `dom` holds k units (BestFit, see module doc)."""
+def fill(dom: Domain, k: int, packing: Packing, *, tight: bool = True) -> dict[str, int]:
+    """GPUs to take per node name so that `dom` holds k units (BestFit, see module doc).
+    tight=False always takes the largest child first, best linked and most free first (a
+    PACK-like variant the solver also costs: the tightest child is not always the best
+    linked one)."""
     if dom.node is not None:
         return {dom.node.name: k * packing.unit}
     if dom.pool and sum(c.cap for c in dom.children) < k:
         return _fill_gpus(dom.children, k * packing.tp)
     out: dict[str, int] = {}
-    left = sorted(dom.children, key=lambda c: (-c.cap, c.free, c.order))
+    left = sorted(dom.children, key=lambda c: take_order(c, c.cap, tight))
     while k > 0:
         fits = [c for c in left if c.cap >= k]
-        child = min(fits, key=bestfit_key) if fits else left[0]
+        child = min(fits, key=bestfit_key) if fits and tight else left[0]
         take = min(k, child.cap)
         if take <= 0:
             raise AssertionError("fill() called beyond the domain's capacity")
-        out.update(fill(child, take, packing))
+        out.update(fill(child, take, packing, tight=tight))
         k -= take
         left.remove(child)
     return out
+
+
+def take_order(dom: Domain, cap: int, tight: bool) -> tuple[float, ...]:
+    """Order children are taken in when none holds the rest: largest first; then BestFit
+    takes the one with fewer free GPUs (less left behind), the PACK-like fill the better
+    linked one, then the one with more free GPUs."""
+    if tight:
+        return (-cap, dom.free, dom.order)
+    return (-cap, -dom.links_gbs, -dom.free, dom.order)
 
 
 def _fill_gpus(nodes: list[Domain], n: int) -> dict[str, int]:

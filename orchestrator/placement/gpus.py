@@ -15,7 +15,7 @@ from math import comb
 
 from orchestrator.placement.domains import Packing, tp_domains
 from orchestrator.placement.links import LinkModel
-from orchestrator.placement.nodeinfo import islands, uniform_kind
+from orchestrator.placement.nodeinfo import fingerprint, islands, uniform_kind
 from orchestrator.placement.ranks import best_tp_groups
 from orchestrator.topology.model import ClusterNode, link_cost
 
@@ -49,9 +49,14 @@ def pick_subset(node: ClusterNode, free: Sequence[int], n: int, *, tp: int, link
         # the job's rails, then the lowest indices
         preferred = sorted(free, key=lambda g: (bool(rails) and g not in rails, g))
         return sorted(preferred[:n])
-    best = min(combinations(free, n),
-               key=lambda s: _score(node, s, free=free, tp=tp, links=links, rails=rails))
-    return list(best)
+    key = (fingerprint(node.topology), tuple(free), n, tp, rails & frozenset(free))
+    hit = links.memo.get(key)
+    if hit is None:  # nodes of one model with the same free GPUs share the answer
+        subsets: list[tuple[int, ...]] = list(combinations(free, n))
+        best = min(subsets,
+                   key=lambda s: _score(node, s, free=free, tp=tp, links=links, rails=rails))
+        hit = links.memo[key] = list(best)
+    return list(hit)
 
 
 def pick_node_gpus(node: ClusterNode, n: int, *, packing: Packing, links: LinkModel,

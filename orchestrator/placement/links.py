@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from orchestrator.placement.nodeinfo import nvlink_domain_key, uniform_kind
+from orchestrator.placement.nodeinfo import fingerprint, nvlink_domain_key, uniform_kind
 from orchestrator.topology.model import (
     NVLINK_DOMAIN_LEVEL,
     ClusterNode,
@@ -169,6 +169,8 @@ class LinkModel:
         self._nvl = {n.name: nvlink_domain_key(cluster, n) for n in cluster.nodes}
         self._any_nvl = any(self._nvl.values())
         self._ring_cache: dict[tuple[str, tuple[int, ...]], Link | None] = {}
+        self._twin_cache: dict[tuple[object, tuple[int, ...]], Link | None] = {}
+        self.memo: dict[tuple[object, ...], list[int]] = {}  # per-solve answers (gpus.py)
         self._span_cache: dict[tuple[str, ...], int] = {}
         self._net_cache: dict[tuple[int, bool], Link] = {}
 
@@ -204,10 +206,15 @@ class LinkModel:
 
     def ring(self, name: str, gpus: Sequence[int]) -> Link | None:
         key = (name, tuple(sorted(gpus)))
-        if key not in self._ring_cache:
-            self._ring_cache[key] = best_ring_link(self._nodes[name].topology, key[1],
-                                                   self.figures)
-        return self._ring_cache[key]
+        hit = self._ring_cache.get(key)
+        if hit is None and key not in self._ring_cache:
+            # nodes of one model share their answers (a 512-node DGX-1 cluster: one search)
+            topo = self._nodes[name].topology
+            twin = (fingerprint(topo), key[1])
+            if twin not in self._twin_cache:
+                self._twin_cache[twin] = best_ring_link(topo, key[1], self.figures)
+            hit = self._ring_cache[key] = self._twin_cache[twin]
+        return hit
 
     def network_link(self, span: int, *, rail_aligned: bool) -> Link:
         hit = self._net_cache.get((span, rail_aligned))

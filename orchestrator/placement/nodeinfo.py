@@ -56,12 +56,22 @@ def uniform_kind(topo: NodeTopology) -> str | None:
     return out
 
 
+_prints: dict[int, tuple[NodeTopology, tuple[object, ...]]] = {}
+
+
 def fingerprint(topo: NodeTopology) -> tuple[object, ...]:
-    """Equal for nodes whose GPU sets and links are equal (used to skip twin candidates)."""
+    """Equal for nodes whose GPU sets and links are equal: nodes of one model share cached
+    answers, and twin candidates are skipped."""
+    hit = _prints.get(id(topo))
+    if hit is not None and hit[0] is topo:
+        return hit[1]
     kind = uniform_kind(topo)
-    if kind is not None:
-        return (topo.gpu_indices, kind)
-    return (topo.gpu_indices, tuple(sorted(topo.links.items())))
+    out = (topo.gpu_indices, kind) if kind is not None \
+        else (topo.gpu_indices, tuple(sorted(topo.links.items())))
+    if len(_prints) >= _CACHE_MAX:
+        _prints.clear()
+    _prints[id(topo)] = (topo, out)
+    return out
 
 
 def nvlink_domain_key(cluster: ClusterTopology, node: ClusterNode) -> tuple[str, ...] | None:

@@ -3,8 +3,10 @@
 Pure module. Mesh order is (pp, dp_replicate, dp_shard, tp), row-major, tp fastest (see
 `mesh.py`). The rules, in the order they are applied:
 
-1. Nodes are ordered along the switch tree: by their label path from the coarsest level down
-   (spine, leaf, ...), then by name. Consecutive ranks therefore share a node, then a leaf.
+1. Nodes are ordered along the switch tree, depth first: spine by spine, leaf by leaf, node by
+   node; among siblings the one giving the job more GPUs comes first (so whole dp_shard
+   groups and stages line up on them and a partly used node closes the run), then by label
+   or name. Consecutive ranks therefore share a node, then a leaf.
 2. TP groups are formed inside one NVLink domain (the node's NVLink component, or a
    multi-node `nvlink_domain` label) along the best links: the partition of the node's GPUs
    into groups of `tp` that minimises the worst link inside each group (then the sum of all
@@ -32,7 +34,12 @@ from itertools import combinations
 from types import MappingProxyType
 
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
+from orchestrator.placement.nodeinfo import (
+    fingerprint,
+    islands,
+    nvlink_domain_key,
+    uniform_kind,
+)
 from orchestrator.topology.model import (
     ClusterTopology,
     NodeTopology,
@@ -77,6 +84,22 @@ def node_order(cluster: ClusterTopology) -> dict[str, int]:
     return out
 
 
+def chosen_order(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Rule 1 for the nodes of a chosen GPU set: depth-first along the switch tree, and among
+    siblings (spines, leaves, nodes) the one giving more GPUs first, then by label / name."""
+    by_name = {n.name: n for n in cluster.nodes}
+    names = [n for n in chosen if chosen[n]]
+    paths = {n: (*cluster.path(by_name[n]), n) for n in names}
+    share: dict[tuple[str, ...], int] = {}
+    for n in names:
+        for depth in range(1, len(paths[n]) + 1):
+            prefix = paths[n][:depth]
+            share[prefix] = share.get(prefix, 0) + len(chosen[n])
+    ranked = sorted(names, key=lambda n: [(-share[paths[n][:d + 1]], paths[n][d])
+                                          for d in range(len(paths[n]))])
+    return {n: i for i, n in enumerate(ranked)}
+
+
 def _group_cost(topo: NodeTopology, group: Sequence[int]) -> tuple[float, float]:
     costs = [link_cost(topo.link(a, b)) for a, b in combinations(group, 2)]
     return (max(costs, default=0.0), sum(costs))
@@ -113,6 +136,21 @@ def best_tp_groups(topo: NodeTopology, gpus: Sequence[int], tp: int) -> list[tup
     `best_tp_groups(dgx1, range(8), 4) == [(0, 1, 2, 3), (4, 5, 6, 7)]`.
     """
     items = tuple(sorted(gpus))
+    key = (fingerprint(topo), items, tp)
+    hit = _GROUPS.get(key)
+    if hit is None:
+        hit = _best_tp_groups(topo, items, tp)
+        if len(_GROUPS) > 65536:
+            _GROUPS.clear()
+        _GROUPS[key] = hit
+    return list(hit)
+
+
+_GROUPS: dict[tuple[object, ...], list[tuple[int, ...]]] = {}
+
+
+def _best_tp_groups(topo: NodeTopology, items: tuple[int, ...],
+                    tp: int) -> list[tuple[int, ...]]:
     k = len(items) // tp
     if k == 0:
         return []
@@ -177,7 +215,7 @@ def _node_groups(topo: NodeTopology, gpus: Sequence[int], *, tp: int,
 def tp_groups(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]], *, tp: int,
               tp_within: str = "nvlink_domain") -> list[tuple[tuple[str, int], ...]]:
     """All TP groups of a chosen GPU set, in mesh-slot order (rule 3)."""
-    order = node_order(cluster)
+    order = chosen_order(cluster, chosen)
     nodes = {n.name: n for n in cluster.nodes}
     names = sorted((n for n in chosen if chosen[n]), key=lambda n: order[n])
     groups: list[tuple[tuple[str, int], ...]] = []
@@ -207,7 +245,7 @@ def assign_slots(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str,
     total = sum(len(v) for v in chosen.values())
     if total != mesh.world_size:
         raise ValueError(f"{total} GPUs chosen for world size {mesh.world_size}")
-    order = node_order(cluster)
+    order = chosen_order(cluster, chosen)
     out: list[tuple[str, int]] = []
     for group in tp_groups(cluster, chosen, tp=mesh.tp, tp_within=tp_within):
         out += sorted(group, key=lambda m: (order[m[0]], m[1]))

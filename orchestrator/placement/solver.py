@@ -43,6 +43,7 @@ from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_
 from orchestrator.placement.ranks import RankPlacement, assign_slots, to_rank_placements
 from orchestrator.topology.model import (
     NVLINK_DOMAIN_LEVEL,
+    ClusterNode,
     ClusterTopology,
     NodeTopology,
 )
@@ -116,11 +117,16 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
         if c.tp_within == "nvlink_domain":
             tries.append(Packing(mesh.tp, "node"))
         tries.append(Packing(mesh.tp, "node", strict=False))
+    def rate(node: ClusterNode, free: list[int]) -> float:
+        ring = links.ring(node.name, free)
+        return ring.gbs if ring is not None else float("inf")
+
     for packing in tries:
-        root = build_tree(cluster, packing, avoid=avoid)
+        root = build_tree(cluster, packing, avoid=avoid, links_gbs=rate)
         units = mesh.world_size // packing.unit
         if root.cap >= units:
-            roots = [root] + [build_tree(cluster, packing, avoid=avoid, max_per_node=m)
+            roots = [root] + [build_tree(cluster, packing, avoid=avoid, max_per_node=m,
+                                         links_gbs=rate)
                               for m in _spreads(root, units=units, links=links)]
             placed = _best_candidate(cluster, mesh, roots=[r for r in roots if r.cap >= units],
                                      units=units, packing=packing, links=links, model=model)
@@ -160,8 +166,10 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
     tree and on its spread variants), taken round-robin: the tightest domain of every kind
     first, then the runners-up. Ties go to the earliest. Big jobs cost fewer candidates
     (about 4,096 ranks' worth, at least one of each kind) to bound the solve time."""
+    kinds = [(root, blk, True) for root in roots for blk in block_sizes(mesh)]
+    kinds += [(root, 1, False) for root in roots]  # largest-first fill, as Ray's PACK does
     streams = [_domains(root, units=units, per_block=blk * mesh.tp // packing.unit,
-                        packing=packing) for root in roots for blk in block_sizes(mesh)]
+                        packing=packing, tight=tight) for root, blk, tight in kinds]
     budget = max(len(streams), min(_MAX_COSTED, _RANK_BUDGET // mesh.world_size))
     best: tuple[Estimate, list[tuple[str, int]], Domain] | None = None
     tried: set[object] = set()
@@ -187,13 +195,13 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
                      level=dom.level, domain=dom.path, tp_within=packing.tp_within)
 
 
-def _domains(root: Domain, *, units: int, per_block: int,
-             packing: Packing) -> Iterator[tuple[Domain, dict[str, int], bool]]:
+def _domains(root: Domain, *, units: int, per_block: int, packing: Packing,
+             tight: bool) -> Iterator[tuple[Domain, dict[str, int], bool]]:
     """BestFit choices of one kind, skipping domains shaped like one already yielded (same
     structure, same cost); each once as is and once with GPUs on common rails."""
     shapes: set[object] = set()
     for dom, counts in candidates(root, units=units, per_block=per_block, packing=packing,
-                                  limit=_SCAN):
+                                  limit=_SCAN, tight=tight):
         twin = shape(dom)
         if twin in shapes:
             continue
