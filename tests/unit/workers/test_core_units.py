@@ -1,0 +1,145 @@
+"""Single-process units of the worker core: data sharding, env, faults, model build, grads,
+callbacks, heartbeat."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.spec import FaultKind, InjectFault, parse_spec
+from workers.callbacks import FileCallbacks, Phase, read_metrics
+from workers.data import DataSource
+from workers.env import debug_env, worker_env
+from workers.faults import CollectiveAction, FaultInjector
+from workers.grads import clip_grad_norm
+from workers.heartbeat import HeartbeatThread, Progress
+from workers.model import GPT, ModelBuildError, build_model, resolve_builder
+
+TINY = {"name": "t", "model": {"n_layers": 2, "n_heads": 2, "d_model": 16, "vocab_size": 32,
+                                "seq_len": 8},
+        "training": {"micro_batch_size": 2, "grad_accum_steps": 2},
+        "parallelism": {"dp_replicate": 2}}
+
+
+def _source(shards: list[int], **kw: object) -> DataSource:
+    spec = parse_spec({**TINY, **kw})
+    return DataSource(spec, seed=5, shards=shards, vocab_size=32, seq_len=8,
+                      device=torch.device("cpu"))
+
+
+def test_reference_batch_is_the_concatenation_of_the_shards() -> None:
+    ref, s0, s1 = _source([0, 1]), _source([0]), _source([1])
+    for step in (1, 7):
+        for r, a, b in zip(ref.batches(step), s0.batches(step), s1.batches(step), strict=True):
+            assert torch.equal(r.inputs, torch.cat([a.inputs, b.inputs]))
+            assert r.inputs.shape == (4, 8)
+    assert len(ref.batches(1)) == 2  # one per accumulation micro-step
+
+
+def test_data_is_deterministic_and_varies() -> None:
+    a, b = _source([0]).batches(3), _source([0]).batches(3)
+    assert torch.equal(a[0].inputs, b[0].inputs)
+    assert not torch.equal(a[0].inputs, a[1].inputs)
+    assert not torch.equal(_source([0]).batches(4)[0].inputs, a[0].inputs)
+    # next-token targets
+    assert torch.equal(a[0].inputs[:, 1:], a[0].targets[:, :-1])
+
+
+def test_text_file_data(tmp_path: Path) -> None:
+    f = tmp_path / "t.txt"
+    f.write_bytes(b"hello meshyard " * 20)
+    spec = parse_spec({**TINY, "model": {**TINY["model"], "vocab_size": 256},
+                       "data": {"kind": "text_file", "path": str(f)}})
+    src = DataSource(spec, seed=0, shards=[0], vocab_size=256, seq_len=8,
+                     device=torch.device("cpu"))
+    row = bytes(src.batches(1)[0].inputs[0].tolist())
+    assert row in f.read_bytes()
+    with pytest.raises(ValueError, match="vocab_size >= 256"):
+        DataSource(spec, seed=0, shards=[0], vocab_size=32, seq_len=8,
+                   device=torch.device("cpu"))
+
+
+def test_worker_env_has_rank_and_debug_vars(tmp_path: Path) -> None:
+    spec = parse_spec({**TINY, "debug": {"nccl_debug": "INFO", "flight_recorder_entries": 500}})
+    env = worker_env(spec, rank=3, local_rank=1, world_size=4, local_world_size=2,
+                     master_addr="127.0.0.1", master_port=29400, run_dir=tmp_path)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path.resolve() / "nccl" / "%h.%p.log")
+    assert env["TORCH_FR_BUFFER_SIZE"] == "500"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path.resolve()))
+    assert set(debug_env(spec, run_dir=tmp_path)) <= set(env)
+
+
+def test_fault_injector_decisions() -> None:
+    f = FaultInjector(InjectFault(kind=FaultKind.DESYNC, rank=1, step=3), rank=1)
+    assert f.before_collective(2) == CollectiveAction.RUN
+    assert f.before_collective(3) == CollectiveAction.SKIP
+    assert FaultInjector(InjectFault(kind=FaultKind.DESYNC, rank=1, step=3),
+                         rank=0).before_collective(3) == CollectiveAction.RUN
+    m = FaultInjector(InjectFault(kind=FaultKind.MISMATCH, rank=0, step=1), rank=0)
+    assert m.before_collective(1) == CollectiveAction.MISMATCH
+    # Only in the configured attempt: a restart runs clean.
+    assert FaultInjector(InjectFault(kind=FaultKind.MISMATCH, rank=0, step=1), rank=0,
+                         attempt=2).before_collective(1) == CollectiveAction.RUN
+    slow = FaultInjector(InjectFault(kind=FaultKind.SLOW, rank=0, step=2, seconds=0.05), rank=0)
+    t0 = time.monotonic()
+    slow.before_step(2)
+    assert time.monotonic() - t0 >= 0.05
+
+
+def test_resolve_builder_errors() -> None:
+    with pytest.raises(ModelBuildError, match="cannot import module 'no_such_pkg_x.mod'"):
+        resolve_builder("no_such_pkg_x.mod:build")
+    with pytest.raises(ModelBuildError, match="has no callable 'nope'"):
+        resolve_builder("workers.model:nope")
+
+
+def test_gpt_builds_identically_per_seed_and_splits_cleanly() -> None:
+    spec = parse_spec(TINY)
+    a, b = build_model(spec, seed=1).module, build_model(spec, seed=1).module
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    assert isinstance(a, GPT)
+    tokens = torch.randint(0, 32, (2, 8))
+    assert a(tokens).shape == (2, 8, 32)
+    # A pipeline stage drops the ends; forward then maps hidden states to hidden states.
+    a.embed, a.norm, a.lm_head = None, None, None
+    assert a(torch.randn(2, 8, 16)).shape == (2, 8, 16)
+
+
+def test_clip_grad_norm_matches_torch() -> None:
+    torch.manual_seed(0)
+    m1, m2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    m2.load_state_dict(m1.state_dict())
+    x = torch.randn(4, 8)
+    for m in (m1, m2):
+        m(x).pow(2).sum().backward()
+    want = float(torch.nn.utils.clip_grad_norm_(m1.parameters(), 0.1))
+    got = clip_grad_norm(m2.parameters(), 0.1)
+    assert got == pytest.approx(want, rel=1e-6)
+    for p1, p2 in zip(m1.parameters(), m2.parameters(), strict=True):
+        assert torch.allclose(p1.grad, p2.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_file_callbacks_and_heartbeat_thread(tmp_path: Path) -> None:
+    cb = FileCallbacks(tmp_path, rank=0)
+    progress = Progress()
+    hb = HeartbeatThread(progress, cb, rank=0, interval_s=0.01).start()
+    progress.enter(Phase.BACKWARD, step=4)
+    cb.on_step({"step": 4, "loss": 1.0})
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        beat = json.loads((tmp_path / "heartbeats" / "rank_0.json").read_text() or "{}") \
+            if (tmp_path / "heartbeats" / "rank_0.json").exists() else {}
+        if beat.get("step") == 4:
+            break
+        time.sleep(0.01)
+    hb.stop()
+    cb.close()
+    assert beat["phase"] == "backward"
+    assert read_metrics(tmp_path) == [{"step": 4, "loss": 1.0}]
