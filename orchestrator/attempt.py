@@ -80,7 +80,7 @@ class WorkerGang:
             if i in pooled:
                 actors.append(pooled[i])
                 continue
-            actors.append(WorkerActor.options(
+            actors.append(WorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=res.get("CPU", 0), num_gpus=res.get("GPU", 0), max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=i),

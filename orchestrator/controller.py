@@ -220,7 +220,8 @@ class AttemptController:
         self._done.set()
 
 
-RemoteController = ray.remote(num_cpus=0, max_concurrency=16, max_restarts=0)(AttemptController)
+RemoteController: Any = ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_concurrency=16, max_restarts=0)(AttemptController)
 
 
 def launch_controller(config: dict[str, Any], *, near_node_id: str | None = None) -> Any:

@@ -89,7 +89,8 @@ def _plan_cpu(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | P
                        "(waiting for running jobs)",
                        {"needed_cpus": need, "free_cpus": sum(free.values()),
                         "total_cpus": sum(total.values())})
-    bundles, rank = [], 0
+    bundles: list[dict[str, Any]] = []
+    rank = 0
     degrees = spec.parallelism.model_dump()
     for n in sorted(nodes, key=lambda n: (-slots[n.name], n.name)):
         for _ in range(slots[n.name]):

@@ -65,7 +65,7 @@ class WorkerPool:
             if need <= 0:
                 return
             self._starting[node] = self._starting.get(node, 0) + need
-        actors = [WorkerActor.options(
+        actors = [WorkerActor.options(  # type: ignore[attr-defined]
             num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
             for _ in range(need)]
@@ -113,7 +113,8 @@ class WorkerPool:
             return {node: len(v) for node, v in self._idle.items()}
 
 
-RemotePool = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(WorkerPool)
+RemotePool: Any = ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_concurrency=8, max_restarts=0)(WorkerPool)
 
 
 def ensure_pool(size: int) -> Any:

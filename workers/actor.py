@@ -100,7 +100,7 @@ class _ActorCallbacks:
             f.write(f"{time.strftime('%H:%M:%S')} {level} {message}\n")
 
 
-@ray.remote(concurrency_groups={"control": 2, "diag": 1})
+@ray.remote(concurrency_groups={"control": 2, "diag": 1})  # type: ignore[call-overload]
 class WorkerActor:
     """One rank. Ray restarts nothing here: a dead actor is a failed attempt."""
 
