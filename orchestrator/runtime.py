@@ -45,8 +45,10 @@ def connect_ray(address: str | None) -> bool:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                      logging_level=logging.WARNING)
             return False
-        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
+        # address="local": start our own Ray; a bare init() joins any Ray already on the host.
+        ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.WARNING,
+                 _node_ip_address="127.0.0.1")
         return True
     finally:
         if main and saved is not None:

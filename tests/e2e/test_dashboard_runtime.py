@@ -70,7 +70,7 @@ def test_submitted_job_runs_to_success_live(page: Any, server: Server,
     page.wait_for_function("() => Number(document.querySelector('#chart-loss svg')"
                            "?.dataset.points) === 150")
     assert page.locator(".pm-gpu.used").count() == 2  # CPU ranks drawn as slots of their node
-    assert page.locator("#events li").filter(has_text="RUNNING").count() >= 1
+    page.locator("#events li").filter(has_text="FIRST_STEP").first.wait_for()
     page.locator("#log-tail").filter(has_text="[0]").wait_for()
     shoot(page, artifacts_dir, "real-job")
     assert page.errors == []
@@ -86,6 +86,6 @@ def test_cancel_a_running_job_with_the_button(page: Any, server: Server) -> None
     page.click("#cancel-btn")
     page.wait_for_function("() => document.getElementById('job-state').textContent "
                            "=== 'CANCELLED'", timeout=RUN_MS)
-    assert page.locator("#events li").filter(has_text="USER_CANCELLED").count() >= 1
+    page.locator("#events li").filter(has_text="USER_CANCELLED").first.wait_for()
     record = server.store.get_job(job_id)
     assert record is not None and record.state.value == "CANCELLED"

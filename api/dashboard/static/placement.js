@@ -46,10 +46,11 @@ window.MYPlacement = (function () {
     const pairs = cpuOnly ? [] : nvlinkPairs(info.topology).filter(([a, b]) => a < slots && b < slots);
     const full = slots > 1 && pairs.length === slots * (slots - 1) / 2;
     const arcs = pairs.length > 0 && !full;
-    const w = cols * (CELL + GAP) + GAP;
+    const title = name + (cpuOnly ? " (CPU)" : "");
+    const w = Math.max(cols * (CELL + GAP) + GAP, title.length * 7 + 2 * GAP);
     const h = TOP + (arcs ? ARC : 0) + rows * (CELL + 14 + GAP) + (full ? 16 : 0);
     const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, class: "pm-node-svg" });
-    root.appendChild(svg("text", { x: GAP, y: 14, class: "pm-node-name" }, name + (cpuOnly ? " (CPU)" : "")));
+    root.appendChild(svg("text", { x: GAP, y: 14, class: "pm-node-name" }, title));
     const y0 = TOP + (arcs ? ARC : 0);
     const pos = (slot) => ({ x: GAP + (slot % PER_ROW) * (CELL + GAP), y: y0 + Math.floor(slot / PER_ROW) * (CELL + 14 + GAP) });
     for (let s = 0; s < slots; s++) root.appendChild(drawCell(s, bySlot.get(s), pos(s), ctx, cpuOnly));
