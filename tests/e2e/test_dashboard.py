@@ -217,7 +217,8 @@ def test_cluster_page_shows_usage_and_levels(page: Any, server: Server, nodes: l
     walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
     place(server.store, job, nodes[7:8])
     page.goto("/cluster")
-    assert page.locator("#nodes-table tbody tr").count() == len(nodes)
+    for name in nodes:  # other tests may add nodes to this shared server
+        assert page.locator(f"#node-{name}").count() == 1
     row = page.locator(f"#node-{nodes[7]}")
     assert "4 free / 4 used" in row.inner_text() and "holds-gpus" in row.inner_text()
     tree = page.locator("#topology-tree").inner_text()
@@ -248,3 +249,42 @@ def test_pagination_and_owner_filter(page: Any, server: Server) -> None:
     page.fill("#f-owner", "nobody-has-this-name")
     page.locator("#jobs-empty").wait_for(state="visible")
     assert page.locator("#page-label").inner_text() == "page 1"
+
+
+def test_queued_job_says_why_it_is_pending(page: Any, server: Server) -> None:
+    job = submit(server.store, spec_doc("waits", dp_replicate=4))
+    server.store.set_pending_reason(job.id, {"kind": "waiting", "message": "needs 4 GPUs; 1 free",
+                                             "free_gpus": 1})
+    page.goto(f"/jobs/{job.id}")
+    page.locator("#pending").wait_for(state="visible")
+    text = page.locator("#pending-text").inner_text()
+    assert "needs 4 GPUs; 1 free" in text and "free_gpus: 1" in text
+
+
+def test_512_ranks_table_filter_and_map(page: Any, server: Server) -> None:
+    from orchestrator.topology.model import NodeTopology
+    from orchestrator.topology.serialize import node_topology_to_dict
+
+    names = [f"big-{i:02d}" for i in range(64)]
+    for i, name in enumerate(names):
+        server.store.upsert_node(name=name, labels={"leaf": f"leaf-{i // 16}", "spine": "s0"},
+                                 gpus=8, topology=node_topology_to_dict(
+                                     NodeTopology.uniform(8, "NV18")))
+    job = submit(server.store, spec_doc("big-512", tp=8, pp=4, dp_replicate=16))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    place(server.store, job, names, step=3)
+    page.goto(f"/jobs/{job.id}")
+    page.wait_for_function("() => document.querySelectorAll('#rank-body tr').length === 512 "
+                           "&& document.querySelectorAll('.pm-gpu.used').length === 512")
+    groups = page.evaluate("() => { const c = {}; document.querySelectorAll('.pm-gpu.used')"
+                           ".forEach(g => { c[g.dataset.tpGroup] = (c[g.dataset.tpGroup] || 0)"
+                           " + 1; }); return Object.values(c); }")
+    assert len(groups) == 64 and set(groups) == {8}
+    assert page.locator(".pm-group").count() == 4  # leaf-0..leaf-3
+    page.fill("#rank-filter", "big-63")
+    page.wait_for_function("() => document.getElementById('rank-count').textContent "
+                           "=== '8 of 512 ranks'")
+    assert page.locator("#rank-511").is_visible()
+    page.click('.pm-gpu[data-rank="300"]')
+    assert page.locator("#rank-filter").input_value() == "300"
+    assert page.locator("#rank-300").is_visible()
