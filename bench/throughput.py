@@ -1,6 +1,6 @@
 """Throughput: meshyard's training loop vs a minimal hand-written torchrun loop, one run.
 
-    .venv/bin/python bench/throughput.py [--steps 60] [--warmup 10] [--rounds 3]
+    .venv/bin/python bench/throughput.py [--steps 100] [--short-steps 20] [--rounds 2]
 
 Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_replicate=2,
 25 MiB buckets, AdamW, grad clip 1.0), same launcher (torchrun, OMP_NUM_THREADS=1 per rank):
@@ -9,15 +9,19 @@ Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_r
 * ``meshyard``  ``torchrun -m workers.launch`` with the default 1 s heartbeat;
 * ``meshyard_no_hb``  the same with the heartbeat thread effectively off (1e6 s interval).
 
-The three alternate for ``--rounds`` rounds (the machine is shared: alternating spreads the
-noise over all three) and each figure is the median over rounds. Steady-state steps/s skips
-the first ``--warmup`` steps and is measured the same way for every run: from the wall clock
-recorded at the end of each step, as 1 / the median step duration. Then FSDP (dp_shard=2),
-TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run once each on the same model and global
-batch, reported relative to DDP.
-Heartbeat overhead is given two ways: end to end (``meshyard`` vs ``meshyard_no_hb``) and
-computed from a microbenchmark of one heartbeat and one phase change. With at least two CUDA
-GPUs the runs use them and the report adds MFU. Writes bench/results/throughput.json.
+Two figures per run, each the median over ``--rounds`` alternating rounds:
+
+* wall: steps/s = 1 / the median step duration after ``--warmup`` steps, from the wall clock
+  recorded at the end of every step (the same point in both loops);
+* cpu: marginal CPU seconds per step over the whole process tree, (CPU of a ``--steps`` run
+  - CPU of a ``--short-steps`` run) / the step difference, so start-up cancels out. On a
+  shared machine this is the robust figure: other processes stretch wall time, not CPU time.
+
+Then DDP, FSDP (dp_shard=2), TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run on the same
+model and global batch, reported relative to DDP. Heartbeat overhead is given end to end
+(``meshyard`` vs ``meshyard_no_hb``) and computed from a microbenchmark of one heartbeat and
+one phase change. With at least two CUDA GPUs the runs use them and the report adds MFU.
+Writes bench/results/throughput.json.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -73,13 +78,21 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _torchrun(args: list[str], *, nproc: int) -> None:
+def _cpu_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _torchrun(args: list[str], *, nproc: int) -> float:
+    """Runs torchrun; returns the CPU seconds (user + sys) its whole process tree used."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]
+    before = _cpu_children()
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
                           check=False, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    return _cpu_children() - before
 
 
 def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
@@ -97,25 +110,25 @@ def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
 
 
 def run_meshyard(layout: str, *, steps: int, device: str, work: Path, nproc: int,
-                 hb_interval: float = 1.0) -> list[float]:
+                 hb_interval: float = 1.0) -> tuple[list[float], float]:
     d = Path(tempfile.mkdtemp(prefix=f"{layout}-", dir=work))
     spec = d / "spec.yaml"
     spec.write_text(yaml.safe_dump(spec_for(layout, steps=steps, device=device)))
-    _torchrun(["-m", "workers.launch", "--spec", str(spec), "--out", str(d / "run"),
-               "--heartbeat-interval", str(hb_interval)], nproc=nproc)
+    cpu = _torchrun(["-m", "workers.launch", "--spec", str(spec), "--out", str(d / "run"),
+                     "--heartbeat-interval", str(hb_interval)], nproc=nproc)
     rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x]
-    return [r["time"] for r in rows]
+    return [r["time"] for r in rows], cpu
 
 
-def run_baseline(*, steps: int, device: str, work: Path, nproc: int) -> list[float]:
+def run_baseline(*, steps: int, device: str, work: Path, nproc: int) -> tuple[list[float], float]:
     d = Path(tempfile.mkdtemp(prefix="baseline-", dir=work))
     cfg = {"model": {k: v for k, v in MODEL.items() if k != "kind"}, "steps": steps,
            "micro_batch_size": GLOBAL_BATCH // nproc, "lr": LR, "grad_clip": GRAD_CLIP,
            "bucket_cap_mb": BUCKET_MB, "seed": SEED, "device": device}
     (d / "config.json").write_text(json.dumps(cfg))
-    _torchrun([str(REPO / "bench" / "ddp_baseline.py"), "--config", str(d / "config.json"),
-               "--out", str(d / "times.json")], nproc=nproc)
-    return list(json.loads((d / "times.json").read_text())["times"])
+    cpu = _torchrun([str(REPO / "bench" / "ddp_baseline.py"), "--config",
+                     str(d / "config.json"), "--out", str(d / "times.json")], nproc=nproc)
+    return list(json.loads((d / "times.json").read_text())["times"]), cpu
 
 
 def steady_rate(times: list[float], *, warmup: int) -> float:
@@ -182,57 +195,90 @@ def mfu(steps_per_s: float, *, n_gpus: int) -> float | None:
     return achieved / (peak * n_gpus)
 
 
+def _measure(run: Any, *, steps: int, short: int, warmup: int) -> tuple[float, float]:
+    """(wall-clock steps/s, marginal CPU seconds per step summed over ranks).
+
+    The CPU figure is (CPU of a ``steps`` run - CPU of a ``short`` run) / (steps - short):
+    start-up cancels out, and unlike wall time it barely moves when other processes share
+    the cores (a waiting rank sleeps in gloo and uses no CPU).
+    """
+    times, cpu_long = run(steps)
+    _, cpu_short = run(short)
+    return steady_rate(times, warmup=warmup), (cpu_long - cpu_short) / (steps - short)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--short-steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     import torch
 
     cuda = torch.cuda.device_count() >= 2
     device, nproc = ("cuda" if cuda else "cpu"), 2
     work = Path(tempfile.mkdtemp(prefix="meshyard-throughput-"))
-    kw = {"steps": args.steps, "device": device, "work": work, "nproc": nproc}
-    rates: dict[str, list[float]] = {"baseline": [], "meshyard": [], "meshyard_no_hb": []}
+    kw = {"device": device, "work": work, "nproc": nproc}
+    runs: dict[str, Any] = {
+        "baseline": lambda n: run_baseline(steps=n, **kw),
+        "meshyard": lambda n: run_meshyard("ddp", steps=n, **kw),
+        "meshyard_no_hb": lambda n: run_meshyard("ddp", steps=n, hb_interval=1e6, **kw),
+    }
+    m = {"steps": args.steps, "short": args.short_steps, "warmup": args.warmup}
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(args.rounds):
-        rates["baseline"].append(steady_rate(run_baseline(**kw), warmup=args.warmup))
-        rates["meshyard"].append(steady_rate(run_meshyard("ddp", **kw), warmup=args.warmup))
-        rates["meshyard_no_hb"].append(
-            steady_rate(run_meshyard("ddp", hb_interval=1e6, **kw), warmup=args.warmup))
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} steps/s"
-                                            for k, v in rates.items()), flush=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    layouts = {name: steady_rate(run_meshyard(name, **kw), warmup=args.warmup)
-               for name in ("fsdp", "tp", "pp")}
+        for name, run in runs.items():
+            w, c = _measure(run, **m)
+            wall[name].append(w)
+            cpu[name].append(c)
+        print(f"round {r + 1}: " + ", ".join(
+            f"{k} {wall[k][-1]:.2f} steps/s {cpu[k][-1] * 1e3:.0f} cpu-ms/step" for k in runs),
+            flush=True)
+    layouts = {name: _measure(lambda n, name=name: run_meshyard(name, steps=n, **kw), **m)
+               for name in ("ddp", "fsdp", "tp", "pp")}
+    result = _report(args, wall=wall, cpu=cpu, layouts=layouts, device=device, nproc=nproc,
+                     cuda=cuda)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("wall", "cpu", "heartbeat", "relative_to_ddp",
+                                             "mfu")}, indent=2))
+
+
+def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
+            cpu: dict[str, list[float]], layouts: dict[str, tuple[float, float]], device: str,
+            nproc: int, cuda: bool) -> dict[str, Any]:
+    med_w = {k: statistics.median(v) for k, v in wall.items()}
+    med_c = {k: statistics.median(v) for k, v in cpu.items()}
     micro = heartbeat_microbench()
-    step_s = 1.0 / med["meshyard"]
+    step_s = 1.0 / med_w["meshyard"]
     # One heartbeat per second of training (1 s default interval) plus ~5 phase changes per
     # step (data, forward, backward, optimizer, checkpoint).
     computed_hb = micro["heartbeat_s"] / 1.0 + 5 * micro["phase_change_s"] / step_s
-    result = {
+    ddp_w, ddp_c = layouts["ddp"]
+    return {
         "config": {"model": MODEL, "global_batch": GLOBAL_BATCH, "ranks": nproc,
-                   "device": device, "steps": args.steps, "warmup": args.warmup,
-                   "rounds": args.rounds, "bucket_cap_mb": BUCKET_MB, "grad_clip": GRAD_CLIP},
-        "steps_per_s": {"baseline": med["baseline"], "meshyard_ddp": med["meshyard"],
-                        "meshyard_ddp_no_heartbeat": med["meshyard_no_hb"], **layouts},
-        "per_round": rates,
-        "ratio_meshyard_vs_baseline": med["meshyard"] / med["baseline"],
-        "ratio_per_round": [m / b for m, b in zip(rates["meshyard"], rates["baseline"],
-                                                    strict=True)],
+                   "device": device, "steps": args.steps, "short_steps": args.short_steps,
+                   "warmup": args.warmup, "rounds": args.rounds, "bucket_cap_mb": BUCKET_MB,
+                   "grad_clip": GRAD_CLIP, "load_average": os.getloadavg()},
+        "wall": {"steps_per_s": med_w, "per_round": wall,
+                 "ratio_meshyard_vs_baseline": med_w["meshyard"] / med_w["baseline"]},
+        "cpu": {"cpu_s_per_step": med_c, "per_round": cpu,
+                # Less CPU per step is faster: baseline / meshyard is the throughput ratio.
+                "ratio_meshyard_vs_baseline": med_c["baseline"] / med_c["meshyard"]},
         "heartbeat": {
-            "end_to_end_overhead": 1.0 - med["meshyard"] / med["meshyard_no_hb"],
+            "end_to_end_overhead_wall": 1.0 - med_w["meshyard"] / med_w["meshyard_no_hb"],
+            "end_to_end_overhead_cpu": med_c["meshyard"] / med_c["meshyard_no_hb"] - 1.0,
             "computed_overhead": computed_hb, **micro},
-        "relative_to_ddp": {k: v / med["meshyard"] for k, v in layouts.items()},
-        "mfu": ({"meshyard_ddp": mfu(med["meshyard"], n_gpus=nproc),
-                 "baseline": mfu(med["baseline"], n_gpus=nproc)} if cuda else None),
+        "layouts": {k: {"steps_per_s": w, "cpu_s_per_step": c} for k, (w, c) in layouts.items()},
+        "relative_to_ddp": {k: {"wall": w / ddp_w, "cpu": ddp_c / c}
+                            for k, (w, c) in layouts.items() if k != "ddp"},
+        "mfu": ({"meshyard_ddp": mfu(med_w["meshyard"], n_gpus=nproc),
+                 "baseline": mfu(med_w["baseline"], n_gpus=nproc)} if cuda else None),
         "flops_per_token": flops_per_token(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("steps_per_s", "ratio_meshyard_vs_baseline",
-                                             "heartbeat", "relative_to_ddp", "mfu")}, indent=2))
 
 
 if __name__ == "__main__":
