@@ -9,9 +9,10 @@ Pure module. Gang semantics: every rank is placed or none is. Steps:
    domains (least capacity, fewest free GPUs) as candidates; inside a candidate, recurse into
    the tightest child that fits, or take children largest first and close with the tightest.
 3. More candidates, the same way: block-aligned BestFit (whole dp_shard groups or pipeline
-   stages inside one node / leaf, `blocks.py`); when a node's own links are slower than the
-   network (PCIe NODE/SYS, single NVLinks), BestFit with at most m TP groups per node; and
-   for each, GPUs chosen on common rails across partly used nodes.
+   stages inside one node / leaf, `blocks.py`); a PACK-like fill (largest, best-linked child
+   first); when a node's own links are slower than the network (PCIe NODE/SYS, single
+   NVLinks), BestFit with at most m TP groups per node; and for each, GPUs chosen on common
+   rails across partly used nodes.
 4. For each candidate pick GPUs inside each node (`gpus.py`), assign ranks (`ranks.py`) and
    estimate the communication time (`cost.py`); the cheapest wins, ties going to the earliest
    candidate (plain BestFit, tightest domain). At most 16 candidates are costed. Everything is
