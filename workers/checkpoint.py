@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +66,14 @@ class Checkpointer:
                  optimizer: torch.optim.Optimizer, rank: int) -> None:
         self._cfg = spec.checkpoint
         self._root = Path(root)
-        self._parts = parts
-        self._opt = optimizer
+        if len(parts) != 1:
+            # Pipeline ranks with several chunks expose one StageUnion module (full-model FQNs).
+            raise ValueError(f"checkpointing expects one model module per rank, got {len(parts)}")
+        self._model = parts[0]
+        self._opt: Any = optimizer
         self._rank = rank
         self._zero1 = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
-        self._pending: tuple[int, Future[Any]] | None = None
+        self._pending: tuple[int, Any] | None = None
         self._last_saved = -1
         self._async = self._cfg.enabled and self._cfg.async_save and dist.is_initialized()
         # The async save's background thread runs collectives (plan / metadata exchange).
@@ -81,7 +83,7 @@ class Checkpointer:
 
     # -- state ------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        model = self._parts[0] if len(self._parts) == 1 else self._parts
+        model = self._model
         if self._zero1:
             msd = get_state_dict(model, [])[0]
             return {"model": msd}
@@ -152,7 +154,7 @@ class Checkpointer:
             dcp.load(state, checkpoint_id=str(path))
             if self._zero1 and (path / ZERO1_FILE).is_file():
                 zero1_state = torch.load(path / ZERO1_FILE, weights_only=False)
-        model = self._parts[0] if len(self._parts) == 1 else self._parts
+        model = self._model
         if "optim" in state:
             set_state_dict(model, self._opt, model_state_dict=state["model"],
                            optim_state_dict=state["optim"], options=_OPTIM_OPTIONS)

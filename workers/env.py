@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -147,7 +148,7 @@ def init_distributed(spec: JobSpec, *, dist_env: DistEnv, device: torch.device) 
     """
     if dist_env.world_size == 1 or dist.is_initialized():
         return False
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
     dist.init_process_group(

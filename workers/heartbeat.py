@@ -37,7 +37,7 @@ def collective_seqs() -> dict[str, CollectiveSeq]:
     try:
         import torch
 
-        raw = torch._C._distributed_c10d._dump_fr_trace(
+        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
             includeCollectives=False, includeStackTraces=False)
         status = pickle.loads(raw).get("pg_status", {})
     except Exception:  # noqa: BLE001 - heartbeats never fail the job
@@ -87,6 +87,7 @@ class HeartbeatThread:
         Flight Recorder, and the last periodic beat (taken while stuck) is the better evidence.
         """
         self._stop.set()
-        self._thread.join(timeout=5)
-        if final_beat:
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if final_beat and self._interval > 0:
             self.beat()

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.spec import JobSpec
+from orchestrator.spec import GPTModel, JobSpec
+from workers import mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
 from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
-from workers.grads import clip_grad_norm
 from workers.heartbeat import HeartbeatThread, Progress
 from workers.mesh import ParallelDims, build_mesh
 from workers.model import build_model, loss_fn
@@ -63,6 +63,8 @@ class _Run:
     progress: Progress
     callbacks: TrainingCallbacks
     tokens_per_step: int
+    # Model FLOPs per step over the job's peak FLOP/s (CUDA with a known peak), else None.
+    mfu_per_tokens_per_s: float | None = None
 
 
 def run_training(
@@ -87,6 +89,8 @@ def run_training(
     group is created from ``dist_env`` (default: torchrun variables) unless it already exists;
     a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
     (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
+    Heartbeats go to ``callbacks.on_heartbeat`` every ``heartbeat_interval_s`` (0 disables).
+    Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu).
     """
     cbs = callbacks or NullCallbacks()
     env = DistEnv.single() if reference else (dist_env or DistEnv.from_environ())
@@ -95,7 +99,9 @@ def run_training(
     dims = ParallelDims() if reference else ParallelDims.from_spec(spec)
     dims.validate_world(env.world_size)
     progress = Progress()
-    hb = HeartbeatThread(progress, cbs, rank=env.rank, interval_s=heartbeat_interval_s).start()
+    hb = HeartbeatThread(progress, cbs, rank=env.rank, interval_s=heartbeat_interval_s)
+    if heartbeat_interval_s > 0:  # 0 disables heartbeats (overhead benchmark baseline)
+        hb.start()
     created_pg = ok = False
     try:
         # Build (and resolve a user import path) before joining the group: a bad spec fails
@@ -123,6 +129,7 @@ def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
            device: torch.device, seed: int, reference: bool, progress: Progress,
            callbacks: TrainingCallbacks, attempt: int) -> _Run:
     mesh = build_mesh(dims, device_type=device.type) if env.world_size > 1 else None
+    n_params = sum(p.numel() for p in built.module.parameters())  # before sharding
     faults = FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
 
     def chunk(m: torch.nn.Module) -> torch.nn.Module:
@@ -140,7 +147,20 @@ def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
                      f"optimizer={type(optimizer).__name__}")
     return _Run(spec=spec, rank=env.rank, world=env.world_size, device=device, runner=runner,
                 optimizer=optimizer, data=data, faults=faults, progress=progress,
-                callbacks=callbacks, tokens_per_step=spec.global_batch_size * built.seq_len)
+                callbacks=callbacks, tokens_per_step=spec.global_batch_size * built.seq_len,
+                mfu_per_tokens_per_s=_mfu_factor(spec, n_params=n_params, device=device,
+                                                 world=env.world_size))
+
+
+def _mfu_factor(spec: JobSpec, *, n_params: int, device: torch.device,
+                world: int) -> float | None:
+    peak = mfu.peak_flops(device)
+    m = spec.model
+    if peak is None or not isinstance(m, GPTModel):
+        return None
+    fpt = mfu.flops_per_token(n_params=n_params, n_layers=m.n_layers, d_model=m.d_model,
+                              seq_len=m.seq_len)
+    return mfu.mfu(tokens_per_s=1.0, flops_per_token=fpt, peak=peak, world_size=world)
 
 
 def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
@@ -165,20 +185,19 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
     loss = run.runner.train_step(batches, step=step, progress=run.progress)
     run.progress.enter(Phase.OPTIMIZER)
     loss_value = _reduce_loss(run, loss, step)
-    # A pipeline rank holds only its stages' parameters: its runner sums the norm over the
-    # pp group so clipping matches the whole model.
-    runner_clip = getattr(run.runner, "clip_grad_norm", None)
-    if runner_clip is not None:
-        grad_norm = runner_clip(run.spec.training.grad_clip)
-    else:
-        params = [p for m in run.runner.model_parts for p in m.parameters()]
-        grad_norm = clip_grad_norm(params, run.spec.training.grad_clip)
+    # The runner clips: a pipeline rank holds only its stages' parameters and sums the norm
+    # over the pp group so clipping matches the whole model.
+    grad_norm = run.runner.clip_grad_norm(run.spec.training.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
-    return {"step": step, "loss": loss_value, "time": time.time(), "step_time_s": dt,
-            "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
-            "lr": run.spec.training.lr}
+    out: dict[str, Any] = {"step": step, "loss": loss_value, "time": time.time(),
+                           "step_time_s": dt,
+                           "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
+                           "lr": run.spec.training.lr}
+    if run.mfu_per_tokens_per_s is not None:
+        out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
+    return out
 
 
 def _train(run: _Run, *, ckpt: Checkpointer, total: int,

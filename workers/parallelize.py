@@ -82,6 +82,8 @@ def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
     )
 
     container = getattr(module, built.blocks_attr or "", None)
+    if container is None:
+        return
     for name, block in _blocks(module, built):
         container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
@@ -97,7 +99,7 @@ def apply_fsdp(module: nn.Module, *, built: BuiltModel, dp_mesh: DeviceMesh,
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
 
 
-def apply_ddp(module: nn.Module, *, spec: JobSpec, group: Any, device: torch.device) -> nn.Module:
+def apply_ddp(module: nn.Module, *, spec: JobSpec, group: Any, device: torch.device) -> Any:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     opts = spec.training.ddp
@@ -107,7 +109,7 @@ def apply_ddp(module: nn.Module, *, spec: JobSpec, group: Any, device: torch.dev
     return ddp
 
 
-def _register_comm_hook(ddp: nn.Module, *, spec: JobSpec, group: Any) -> None:
+def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     opts = spec.training.ddp

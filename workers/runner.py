@@ -16,6 +16,7 @@ leave the *averaged* gradients (mean over every sequence of the global batch) in
 parameters of ``model_parts``, do NOT step the optimizer, and return the mean loss over this
 rank's micro-batches as a detached scalar tensor — or None on ranks that compute no loss
 (non-last pipeline stages). Call ``progress.enter(Phase.FORWARD / BACKWARD)`` as phases change.
+``clip_grad_norm`` returns the norm over the whole model (every stage) and clips.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from workers.callbacks import Phase
+from workers.grads import clip_grad_norm
 from workers.heartbeat import Progress
 from workers.model import BuiltModel, loss_fn
 
@@ -52,6 +54,11 @@ class StepRunner(Protocol):
 
     def train_step(self, microbatches: Sequence[Batch], *, step: int,
                    progress: Progress) -> torch.Tensor | None: ...
+
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        """Total L2 norm of the whole model's gradients (identical on every rank); scales
+        them to ``max_norm`` when set. The pipeline runner adds the stages' norms over pp."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,12 +92,14 @@ class LocalStepRunner:
 
     def _sync_ctx(self, last: bool) -> contextlib.AbstractContextManager[None]:
         # Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch.
-        m = self._model
-        if hasattr(m, "set_requires_gradient_sync"):  # FSDP2
-            m.set_requires_gradient_sync(last)
+        set_sync = getattr(self._model, "set_requires_gradient_sync", None)  # FSDP2
+        if set_sync is not None:
+            set_sync(last)
             return contextlib.nullcontext()
-        if not last and hasattr(m, "no_sync"):  # DDP
-            return m.no_sync()
+        no_sync = getattr(self._model, "no_sync", None)  # DDP
+        if not last and no_sync is not None:
+            ctx: contextlib.AbstractContextManager[None] = no_sync()
+            return ctx
         return contextlib.nullcontext()
 
     def train_step(self, microbatches: Sequence[Batch], *, step: int,
@@ -105,6 +114,9 @@ class LocalStepRunner:
                 (loss / n).backward()
             total += loss.detach()
         return total / n
+
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        return clip_grad_norm(self._model.parameters(), max_norm)
 
 
 def build_runner(ctx: BuildContext) -> StepRunner:

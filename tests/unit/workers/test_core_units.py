@@ -143,3 +143,45 @@ def test_file_callbacks_and_heartbeat_thread(tmp_path: Path) -> None:
     cb.close()
     assert beat["phase"] == "backward"
     assert read_metrics(tmp_path) == [{"step": 4, "loss": 1.0}]
+
+
+def test_mfu_math_and_no_peak_on_cpu() -> None:
+    from workers import mfu
+
+    assert mfu.peak_flops(torch.device("cpu")) is None
+    fpt = mfu.flops_per_token(n_params=1000, n_layers=2, d_model=8, seq_len=4)
+    assert fpt == 6 * 1000 + 12 * 2 * 8 * 4
+    # 1e12 FLOP/s achieved on 2 GPUs of 1e12 peak each = 50 %.
+    assert mfu.mfu(tokens_per_s=1e12 / fpt, flops_per_token=fpt, peak=1e12,
+                   world_size=2) == pytest.approx(0.5)
+
+
+def test_run_training_stops_between_steps_on_stop_event(tmp_path: Path) -> None:
+    import threading
+
+    from workers.loop import run_training
+
+    stop = threading.Event()
+
+    class StopAt3:
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+            self.beats: list[str] = []
+
+        def on_step(self, metrics: dict) -> None:
+            self.steps.append(metrics["step"])
+            if metrics["step"] == 3:
+                stop.set()
+
+        def on_heartbeat(self, hb: object) -> None:
+            self.beats.append(hb.phase.value)  # type: ignore[attr-defined]
+
+        def on_log(self, level: str, message: str) -> None:
+            pass
+
+    cb = StopAt3()
+    spec = parse_spec({**TINY, "checkpoint": {"enabled": False}})
+    result = run_training(spec, out_dir=tmp_path, callbacks=cb, steps=10, stop_event=stop,
+                          reference=True)
+    assert (result.stopped, result.last_step, cb.steps) == (True, 3, [1, 2, 3])
+    assert cb.beats[-1] == "done"  # the final heartbeat reports the end
