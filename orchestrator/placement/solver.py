@@ -49,7 +49,7 @@ from orchestrator.topology.model import (
     NodeTopology,
 )
 
-__all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "solve"]
+__all__ = ["Constraints", "FailureReason", "Placement", "PlacementFailure", "solve", "solve_spec"]
 
 _CANDIDATES = 4  # distinct domain shapes costed per block size
 _SCAN = 64  # fitting domains looked at per block size to find those shapes
@@ -134,6 +134,17 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
             relaxed = packing.tp_within != c.tp_within or not packing.strict
             return _with_notes(placed, relaxed=relaxed, wanted=c.tp_within, links=links)
     return diagnose(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
+
+
+def solve_spec(cluster: ClusterTopology, spec: Any, *, avoid: tuple[str, ...] = (),
+               figures: LinkFigures | None = None) -> Placement | PlacementFailure:
+    """solve() for a JobSpec-like object: its degrees, its placement constraints (plus the
+    extra `avoid` nodes) and its model, so the estimate is for the job's own sizes."""
+    c = Constraints.from_spec(spec.placement)
+    return solve(cluster, MeshShape.from_parallelism(spec.parallelism),
+                 constraints=Constraints(tp_within=c.tp_within, mode=c.mode,
+                                         avoid_nodes=tuple(sorted({*c.avoid_nodes, *avoid}))),
+                 model=ModelDims.from_spec(spec), figures=figures)
 
 
 def _spreads(root: Domain, *, units: int, links: LinkModel) -> list[int]:

@@ -142,3 +142,21 @@ def test_module_docstring_example_tp8_on_one_h100_node() -> None:
     # 128 all-reduces of 32 MiB over 8 ranks at 450 GB/s: 2*7/8*M/B + 14 * 2 us each
     each = 2 * 7 / 8 * (4096 * 4096 * 2) / 450e9 + 14 * 2e-6
     assert tp.seconds == pytest.approx(128 * each) and tp.seconds == pytest.approx(0.0203, 1e-2)
+
+
+def test_solve_spec_uses_the_jobs_degrees_constraints_and_model() -> None:
+    from orchestrator.placement.solver import solve_spec
+
+    spec = parse_spec({"name": "x", "parallelism": {"tp": 4, "dp_replicate": 2},
+                       "placement": {"avoid_nodes": ["a"]},
+                       "model": {"n_layers": 4, "n_heads": 4, "d_model": 128}})
+    c = cluster([("a", nvswitch(), {}, []), ("b", nvswitch(), {}, []), ("c", nvswitch(), {}, [])],
+                levels=())
+    p = solve_spec(c, spec, avoid=("b",))
+    assert isinstance(p, Placement) and p.nodes == ("c",)
+    tp = {d.dimension: d for d in p.estimate.dimensions}["tp"]
+    calls = 4 * 4  # 4 blocks, one microbatch: 2 forward + 2 backward all-reduces each
+    act = spec.training.micro_batch_size * 64 * 128 * 2  # seq 64, d_model 128, bf16
+    link = Link("NV18", 450.0, 2e-6)
+    assert tp.seconds == pytest.approx(calls * call_seconds("all_reduce", n=4, nbytes=act,
+                                                            link=link))
