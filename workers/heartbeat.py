@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+from pathlib import Path
 
 from workers.callbacks import CollectiveSeq, Heartbeat, Phase, TrainingCallbacks
 
@@ -50,6 +51,24 @@ def collective_seqs() -> dict[str, CollectiveSeq]:
         )
         for pg, s in status.items()
     }
+
+
+def dump_flight_recorder(path: Path) -> bool:
+    """Writes the full Flight Recorder trace (pickle, no stack traces) to ``path`` unless a
+    dump is already there. NCCL dumps on timeout by itself (TORCH_FR_DUMP_TEMP_FILE); gloo
+    does not, so the loop calls this when a step fails — same ``<prefix><rank>`` file."""
+    if path.exists():
+        return False
+    try:
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+            True, False, False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+    except Exception:  # noqa: BLE001 - best effort evidence on the way out
+        return False
+    return True
 
 
 def make_heartbeat(progress: Progress, *, rank: int) -> Heartbeat:

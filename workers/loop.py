@@ -35,7 +35,7 @@ from workers.checkpoint import Checkpointer
 from workers.data import DataSource
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
 from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
-from workers.heartbeat import HeartbeatThread, Progress
+from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
 from workers.mesh import ParallelDims, build_mesh
 from workers.model import build_model, loss_fn
 from workers.parallelize import build_optimizer, dp_plan, parallelize
@@ -118,6 +118,10 @@ def run_training(
         progress.enter(Phase.DONE)
         ok = True
         return result
+    except Exception:
+        if dist.is_initialized():
+            dump_flight_recorder(Path(out_dir) / "flight_recorder" / f"rank_{env.rank}")
+        raise
     finally:
         # On an error the last heartbeat stays the one taken while stuck (watchdog evidence).
         hb.stop(final_beat=ok)

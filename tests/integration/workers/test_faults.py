@@ -8,6 +8,7 @@ checked where the fault shows in them.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -71,6 +72,10 @@ def test_hang_blocks_until_the_peer_times_out(tmp_path: Path) -> None:
     pg = next(pg for pg, n in _pending(hb0).items() if n > 0)
     assert hb0["collectives"][pg]["last_enqueued"] == hb1["collectives"][pg]["last_enqueued"] + 1
     assert _pending(hb1)[pg] == 0
+    # The timed-out rank left its Flight Recorder trace where NCCL would (gloo does not).
+    dump = pickle.loads((out / "flight_recorder" / "rank_0").read_bytes())
+    seqs = [e["collective_seq_id"] for e in dump["entries"] if e["process_group"][0] == pg]
+    assert max(seqs) == hb0["collectives"][pg]["last_enqueued"]
 
 
 def test_mismatch_is_a_real_size_mismatch(tmp_path: Path) -> None:
