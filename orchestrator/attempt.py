@@ -275,8 +275,9 @@ class WorkerGang:
                             ray.kill(a, no_restart=True)
             self._pooled = {}
 
-    def diagnostics(self, *, timeout_s: float) -> dict[int, Any]:
-        refs = {r: w.diagnostics.remote() for r, w in self.workers.items() if r not in self._dead}
+    def diagnostics(self, *, request: dict[str, Any], timeout_s: float) -> dict[int, Any]:
+        refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
+                if r not in self._dead}
         out: dict[int, Any] = {}
         for r, ref in refs.items():
             try:

@@ -102,10 +102,13 @@ class AttemptController:
     def outcome(self) -> str | None:
         return self._outcome
 
-    def diagnostics(self, timeout_s: float = 10.0) -> dict[int, Any]:
-        """Per-rank evidence from every worker's diagnostics group (for the hang watchdog)."""
+    def diagnostics(self, stamp: str | None = None, timeout_s: float = 10.0) -> dict[int, Any]:
+        """Per-rank evidence from every worker's diagnostics group (for the hang watchdog;
+        answered while the training threads are blocked). `stamp` names the shared folder."""
         gang = self._gang
-        return gang.diagnostics(timeout_s=timeout_s) if gang is not None else {}
+        if gang is None:
+            return {}
+        return gang.diagnostics(request={"stamp": stamp}, timeout_s=timeout_s)
 
     # -- attempt thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -160,10 +163,14 @@ class AttemptController:
                 return False
 
     def _supervise(self, gang: WorkerGang) -> None:
+        from orchestrator.hangwatch import HangWatch, finish_data
+
         first_step = False
+        watch = HangWatch(self.cfg, emit=self.log.emit)  # hang watchdog (issue 6)
         while True:
             finished = gang.wait(timeout_s=_TICK_S)
-            self._forward(gang.drain())
+            drained = gang.drain()
+            self._forward(drained)
             if not first_step and gang.last_steps():
                 first_step = True
                 self.log.emit("first_step", step=min(gang.last_steps().values()))
@@ -175,6 +182,7 @@ class AttemptController:
                 return
             failures = gang.failures()
             if failures:
+                watch.on_failures(gang, failures)  # peers left waiting: diagnose first
                 gang.stop_all(grace_s=3.0)
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
@@ -185,6 +193,11 @@ class AttemptController:
                 self._forward(gang.drain())
                 gang.kill(succeeded=True)
                 self._finish("succeeded", results=gang.results())
+                return
+            act = watch.tick(gang, drained)
+            if act is not None:  # watchdog.action restart | fail: the hung workers are killed
+                gang.kill()
+                self._finish("failed", **finish_data(act))
                 return
 
     def _forward(self, drained: dict[str, Any]) -> None:

@@ -233,8 +233,15 @@ class WorkerActor:
             from workers.diagnostics import collect_evidence
         except ImportError:
             return out
+        a, hb, req = self._assignment, self._buf.heartbeat or {}, dict(request or {})
+        if a is None:
+            return out  # not running a job: nothing to collect
+        rank, log_dir = int(a["rank"]), Path(a["log_dir"])
         try:
-            out["evidence"] = _jsonable(collect_evidence(**(request or {})))
+            out["evidence"] = _jsonable(collect_evidence(
+                a["run_dir"], rank, stamp=req.get("stamp"), step=hb.get("step"),
+                phase=hb.get("phase"), fr_stack_traces=bool(req.get("fr_stack_traces")),
+                log_paths=tuple(str(log_dir / f"rank-{rank}.{s}") for s in ("stdout", "stderr"))))
         except Exception as exc:  # noqa: BLE001 - diagnostics never raise
             out["evidence_error"] = f"{type(exc).__name__}: {exc}"
         return out

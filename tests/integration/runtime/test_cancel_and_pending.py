@@ -21,6 +21,12 @@ def test_cancel_while_running_stops_workers_and_frees_the_gang(runtime, store):
     job_id = submit(store, tiny_spec("long", training={"steps": 100000}))
     wait_for(store, job_id, lambda j: j.state == JobState.RUNNING and (j.last_step or 0) >= 2,
              what="RUNNING with steps")
+    # The diagnostics side channel answers while the ranks train (hang watchdog contract).
+    ctrl = find_controller(job_id, store.get_job(job_id).current_attempt)
+    evidence = ray.get(ctrl.diagnostics.remote("t1"), timeout=60)
+    assert sorted(evidence) == [0, 1]
+    assert all(e["stacks"] and e["state"] == "running" for e in evidence.values())
+    assert all("evidence" in e or "evidence_error" in e for e in evidence.values())
     t0 = time.monotonic()
     store.request_cancel(job_id, viewer=None)
     job = wait_state(store, job_id, JobState.CANCELLED, JobState.FAILED, timeout_s=30)

@@ -1,0 +1,222 @@
+"""Startup latency: REST submit → first completed training step of a 2-rank DDP job.
+
+Peers, same model and data (examples/tiny/ddp.yaml on CPU/gloo, the workers core's loop):
+  * meshyard  — POST /v1/jobs on a running service (uvicorn + runtime, local Ray already up)
+                until the first step's metric; cold (fresh worker actors) and warm (the pool
+                of pre-started, torch-imported worker actors, MESHYARD warm pool);
+  * Ray Train — TorchTrainer.fit() on the same running Ray until rank 0's first step;
+  * torchrun  — `torchrun --standalone --nproc_per_node=2 -m workers.launch` until the first
+                step in metrics.jsonl.
+
+    .venv/bin/python bench/startup.py [--repeats 3] [--out bench/results/startup.json]
+
+The first step's time is the wall clock the worker stamped on its metrics (same machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+SPEC_FILE = REPO / "examples" / "tiny" / "ddp.yaml"
+STEPS = 3
+
+
+def bench_spec() -> dict[str, Any]:
+    spec = yaml.safe_load(SPEC_FILE.read_text())
+    spec["training"]["steps"] = STEPS
+    spec["resources"] = {"device": "cpu", "cpus_per_worker": 1}
+    return dict(spec)
+
+
+# -- torchrun --------------------------------------------------------------------------------
+def run_torchrun(work: Path, i: int) -> float:
+    out = work / f"torchrun-{i}"
+    spec = work / "spec.yaml"
+    spec.write_text(yaml.safe_dump(bench_spec()))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    t0 = time.time()
+    subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "workers.launch",
+                    "--spec", str(spec), "--out", str(out)], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    return float(first["time"]) - t0
+
+
+# -- Ray Train --------------------------------------------------------------------------------
+def _ray_train_loop(config: dict[str, Any]) -> None:
+    import ray.train
+
+    from orchestrator.spec import parse_spec
+    from workers.env import DistEnv
+    from workers.loop import run_training
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    marker = Path(config["marker"])
+
+    class FirstStep:
+        def on_step(self, metrics: dict[str, Any]) -> None:
+            if rank == 0 and not marker.exists():
+                marker.write_text(str(metrics["time"]))
+
+        def on_heartbeat(self, hb: Any) -> None:
+            pass
+
+        def on_log(self, level: str, message: str) -> None:
+            pass
+
+    env = DistEnv(rank=rank, local_rank=ctx.get_local_rank(), world_size=ctx.get_world_size(),
+                  local_world_size=ctx.get_local_world_size(), master_addr="127.0.0.1",
+                  master_port=0)  # Ray Train already created the process group
+    run_training(parse_spec(config["spec"]), out_dir=config["out"], callbacks=FirstStep(),
+                 dist_env=env)
+
+
+def run_ray_train(work: Path, i: int) -> float:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    marker = work / f"raytrain-{i}.first"
+    trainer = TorchTrainer(
+        _ray_train_loop,
+        train_loop_config={"spec": bench_spec(), "marker": str(marker),
+                           "out": str(work / f"raytrain-{i}")},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
+                                     resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(storage_path=str(work / "ray_results"), name=f"startup-{i}"))
+    t0 = time.time()
+    trainer.fit()
+    return float(marker.read_text()) - t0
+
+
+# -- meshyard --------------------------------------------------------------------------------
+class Service:
+    """The meshyard API + runtime in this process, on the already running local Ray."""
+
+    def __init__(self, work: Path, *, warm_pool: int) -> None:
+        import uvicorn
+
+        from api.app import create_app
+        from api.server import bind_socket
+        from orchestrator.runtime import Runtime
+        from orchestrator.settings import Settings
+        from orchestrator.store import open_store
+
+        data = work / f"meshyard-pool{warm_pool}"
+        data.mkdir()
+        self.settings = Settings(data_dir=data)
+        self.store = open_store(self.settings.resolved_database_url)
+        self.token = self.store.create_token("bench", admin=True)
+        self.runtime = Runtime(self.settings, self.store, warm_pool=warm_pool)
+        app = create_app(self.settings, store=self.store, runtime=self.runtime)
+        sock = bind_socket("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def run_job(self, i: int) -> float:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"}
+        t0 = time.time()
+        r = httpx.post(f"{self.url}/v1/jobs", json=dict(bench_spec(), name=f"startup-{i}"),
+                       headers=headers, timeout=30)
+        r.raise_for_status()
+        job_id = r.json()["job"]["id"] if "job" in r.json() else r.json()["id"]
+        first = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            job = self.store.get_job(job_id)
+            if first is None:
+                points = self.store.list_metrics(job_id, rank=0, limit=1)
+                first = points[0].time if points else None
+            if job is not None and job.state.terminal:
+                break
+            time.sleep(0.05)
+        if first is None:
+            raise RuntimeError(f"{job_id} never stepped: {job}")
+        return first - t0
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.store.close()
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "startup.json"))
+    ap.add_argument("--skip-ray-train", action="store_true")
+    args = ap.parse_args()
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix="meshyard-startup-"))
+    results: dict[str, list[float]] = {"torchrun": [], "ray_train": [], "meshyard_cold": [],
+                                       "meshyard_warm": []}
+    for i in range(args.repeats):
+        results["torchrun"].append(run_torchrun(work, i))
+        print(f"torchrun #{i}: {results['torchrun'][-1]:.2f} s", flush=True)
+    t0 = time.perf_counter()
+    # Ray Train wants the dashboard (state API); 4 logical CPUs so both peers fit side by side.
+    ray.init(num_cpus=4, include_dashboard=not args.skip_ray_train, namespace="meshyard",
+             log_to_driver=False)
+    ray_start = time.perf_counter() - t0
+    for pool, key in ((0, "meshyard_cold"), (2, "meshyard_warm")):
+        service = Service(work, warm_pool=pool)
+        try:
+            if pool:
+                service.runtime.wait_for_pool(timeout_s=120)
+            for i in range(args.repeats):
+                results[key].append(service.run_job(i))
+                print(f"{key} #{i}: {results[key][-1]:.2f} s", flush=True)
+        finally:
+            service.close()
+    if not args.skip_ray_train:
+        for i in range(args.repeats):
+            results["ray_train"].append(run_ray_train(work, i))
+            print(f"ray_train #{i}: {results['ray_train'][-1]:.2f} s", flush=True)
+    ray.shutdown()
+    med = {k: _median(v) for k, v in results.items() if v}
+    summary: dict[str, Any] = {"median_s": med, "runs_s": results, "repeats": args.repeats,
+                               "local_ray_init_s": round(ray_start, 2),
+                               "load_avg": os.getloadavg(), "spec": str(SPEC_FILE)}
+    if "ray_train" in med:
+        summary["cold_vs_ray_train"] = round(med["meshyard_cold"] / med["ray_train"], 3)
+        summary["warm_vs_ray_train"] = round(med["meshyard_warm"] / med["ray_train"], 3)
+    summary["cold_vs_torchrun"] = round(med["meshyard_cold"] / med["torchrun"], 3)
+    summary["warm_vs_torchrun"] = round(med["meshyard_warm"] / med["torchrun"], 3)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
