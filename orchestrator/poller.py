@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from orchestrator.controller import NAMESPACE, find_controller, pg_name
+from orchestrator.diagnoses import store_diagnosis
 from orchestrator.lifecycle import ACTIVE_STATES, IllegalTransition, JobState, Reason
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
@@ -147,6 +148,10 @@ class Poller:
                                  f"{m['addr']}:{m['port']}", data={"master": m})
         elif kind == "first_step":
             self._move(job_id, JobState.RUNNING, Reason.FIRST_STEP, f"step {ev['step']} done")
+        elif kind == "diagnosis":
+            store_diagnosis(self.store, job_id, n, ev)
+        elif kind == "watchdog_error":
+            log.warning("%s: hang watchdog error: %s", job_id, ev.get("message"))
         else:
             return self._apply_terminal(job_id, n, ev)
         return False
@@ -170,7 +175,9 @@ class Poller:
                                  message=ev["message"],
                                  data={"groups": ev.get("groups", []),
                                        "failed_nodes": ev.get("failed_nodes", []),
-                                       "attempt": n})
+                                       "avoid_nodes": ev.get("avoid_nodes", []),
+                                       "attempt": n},
+                                 final=ev.get("hang_action") == "fail")
         else:
             log.warning("unknown controller event %s", kind)
             return False
@@ -178,7 +185,7 @@ class Poller:
 
     # -- policies -------------------------------------------------------------------------
     def _attempt_failed(self, job_id: str, n: int, *, reason: Reason, message: str,
-                        data: dict[str, Any]) -> None:
+                        data: dict[str, Any], final: bool = False) -> None:
         self.store.end_attempt(job_id, n, state="FAILED", failure_reason=reason.value,
                                message=message)
         self.store.add_event(job_id, kind="error", reason=reason.value,
@@ -192,7 +199,9 @@ class Poller:
 
         max_failures = parse_spec(job.spec).fault_tolerance.max_failures
         failures = sum(1 for a in self.store.list_attempts(job_id) if a.state == "FAILED")
-        if failures - 1 < max_failures:
+        if final:  # watchdog.action=fail: a hang ends the job, no restart
+            self._move(job_id, JobState.FAILED, reason, f"attempt {n}: {message}", data)
+        elif failures - 1 < max_failures:
             self._move(job_id, JobState.RESTARTING, reason,
                        f"attempt {n} failed ({failures} of {max_failures + 1} allowed): "
                        f"{message}", data)

@@ -105,11 +105,15 @@ class Scheduler:
         return placed
 
     def _avoid(self, job: JobRecord) -> set[str]:
-        if job.current_attempt < 2:
+        if job.current_attempt < 1:
             return set()
-        per_attempt = [e.data.get("failed_nodes", []) for e in self.store.list_events(job.id)
-                       if e.kind == "error" and "failed_nodes" in e.data]
-        return nodes_failed_twice(per_attempt)
+        events = [e for e in self.store.list_events(job.id) if e.kind == "error"]
+        # The hang watchdog names a suspect node at once (COMM_WEDGED with hardware evidence).
+        suspects = {n for e in events for n in e.data.get("avoid_nodes", [])}
+        if job.current_attempt < 2:
+            return suspects
+        per_attempt = [e.data.get("failed_nodes", []) for e in events if "failed_nodes" in e.data]
+        return nodes_failed_twice(per_attempt) | suspects
 
     def _set_pending(self, job: JobRecord, pending: Pending) -> None:
         reason = pending.to_dict()

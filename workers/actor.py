@@ -109,6 +109,7 @@ class WorkerActor:
         self._buf = _Buffer(rank=-1)
         self._state = "idle"
         self._assignment: dict[str, Any] | None = None
+        self._last_assignment: dict[str, Any] | None = None  # diagnostics after a failed run
         self._jobs_run = 0
         self._baseline_threads = {t.ident for t in threading.enumerate()}
 
@@ -144,7 +145,7 @@ class WorkerActor:
         rank = int(assignment["rank"])
         self._stop.clear()
         self._buf = _Buffer(rank=rank)
-        self._assignment = assignment
+        self._assignment = self._last_assignment = assignment
         self._state = "running"
         log_dir = Path(assignment["log_dir"])
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -233,7 +234,10 @@ class WorkerActor:
             from workers.diagnostics import collect_evidence
         except ImportError:
             return out
-        a, hb, req = self._assignment, self._buf.heartbeat or {}, dict(request or {})
+        # After a failed run the Flight Recorder still holds what this rank ran (evidence for
+        # the hang watchdog when a peer aborted it); the assignment says where to write.
+        a = self._assignment or self._last_assignment
+        hb, req = self._buf.heartbeat or {}, dict(request or {})
         if a is None:
             return out  # not running a job: nothing to collect
         rank, log_dir = int(a["rank"]), Path(a["log_dir"])

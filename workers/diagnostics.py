@@ -398,6 +398,37 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     return ann
 
 
+def announce_step_collective(op: str, tensor: Any) -> None:
+    """Per-step announcement for the training loop's own collective on the default group:
+    cheap (~0.1 ms) because the seq comes from the Flight Recorder's pg_status (no entries;
+    a dump with entries costs ~150 ms at 2,000 entries). Also registers the calling thread as
+    the training thread. A no-op outside a meshyard worker (no MESHYARD_RUN_DIR) and never
+    raises: it must not slow or fail a step."""
+    global _training_thread
+    _training_thread = threading.get_ident()
+    run_dir, rank = os.environ.get("MESHYARD_RUN_DIR"), os.environ.get("RANK")
+    if not run_dir or rank is None:
+        return
+    try:
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+            includeCollectives=False, includeStackTraces=False)
+        status = pickle.loads(raw).get("pg_status", {}).get("0", {})  # noqa: S301
+        last = int(status.get("last_enqueued_collective", -1))
+        sizes, dtypes = _tensor_meta(tensor)
+        ann = {"op": op, "pg": "0", "seq": last + 1 if last >= 0 else None, "is_p2p": False,
+               "peer": None, "sizes": sizes, "dtypes": dtypes, "source": "announce",
+               "time_s": time.time()}
+        d = _live_dir(run_dir, int(rank))
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / "pending.json.tmp"
+        tmp.write_text(json.dumps(ann))
+        tmp.replace(d / "pending.json")
+    except Exception:  # noqa: BLE001, S110 - evidence is best effort
+        pass
+
+
 def clear_announcement(run_dir: str | os.PathLike[str], rank: int) -> None:
     """Call after the announced op returned, so a stale announcement never misleads."""
     with contextlib.suppress(OSError):

@@ -33,6 +33,7 @@ from workers import mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
+from workers.diagnostics import announce_step_collective
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
 from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
 from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
@@ -177,6 +178,8 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
         if action == CollectiveAction.MISMATCH:
             vals = torch.zeros(MISMATCH_NUMEL, device=run.device)
         if action != CollectiveAction.SKIP:
+            # gloo SIGABRTs a rank on a size mismatch: the announced op is its evidence.
+            announce_step_collective("all_reduce", vals)
             dist.all_reduce(vals)
     return float(vals[0] / vals[1].clamp(min=1.0))
 

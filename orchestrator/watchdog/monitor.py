@@ -1,0 +1,236 @@
+"""The controller's hang monitor: what to diagnose, when, and what to do about it. Pure module.
+
+The controller feeds it what it already drains from the workers every tick (metrics rows with
+`step_time_s`, per-rank heartbeats) and asks three questions:
+
+* `due(now_s)` -> a `Due` (trigger "stall", with the StallDecision) once per stall episode:
+  no rank's completed step advanced for max(floor, k x p95 step time) (first-step threshold
+  before the first step), or a rank's heartbeats stopped. A new episode starts only after
+  progress resumes, so an observed hang is reported once, not every tick.
+* `probe_due(now_s)` -> True every `probe_interval_s` of healthy progress: the controller then
+  collects Flight Recorder entries from every rank and `analysis()` scores time-to-enter
+  (trigger "straggler") -- step times even out under all-reduce, enter times do not.
+* `decide(report)` -> the `Action` for a report under the spec's `watchdog.action`.
+
+It never touches Ray or the workers: the controller (orchestrator/hangwatch.py) acts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.watchdog.analyze import analyze
+from orchestrator.watchdog.detect import (
+    RankProgress,
+    StallDecision,
+    StallPolicy,
+    StragglerPolicy,
+    evaluate_stall,
+)
+from orchestrator.watchdog.inputs import analysis_input
+from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
+
+# Hardware verdicts whose suspect node a restart should avoid.
+_HARDWARE_LEVELS = ("node", "host")
+
+
+@dataclass(frozen=True)
+class Due:
+    trigger: str  # "stall" | "silent"
+    decision: StallDecision
+
+    def describe(self) -> str:
+        d = self.decision
+        if d.stalled:
+            what = "first step" if d.reason == "first_step" else "step"
+            return (f"no rank's {what} advanced for {d.idle_s:.1f} s "
+                    f"(threshold {d.threshold_s:.1f} s)")
+        return f"no heartbeat from rank(s) {list(d.silent_ranks)}"
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the controller does with a report: "observe" (record only), "restart" (end the
+    attempt as a failure, the control plane restarts from the checkpoint) or "fail" (end the
+    job with HANG_DETECTED). `avoid_nodes` are placed nowhere in the next attempt."""
+
+    kind: str
+    reason: str = "HANG_DETECTED"
+    message: str = ""
+    avoid_nodes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Rank:
+    step: int | None = None
+    step_changed_s: float | None = None
+    heartbeat: Any = None
+    heartbeat_s: float | None = None
+
+
+@dataclass
+class HangMonitor:
+    """State of one attempt. Times are the controller's monotonic seconds."""
+
+    world_size: int
+    started_s: float
+    policy: StallPolicy = field(default_factory=StallPolicy)
+    action: str = "observe"
+    probe_interval_s: float = 10.0
+    # Stricter than the analyzer's default: a straggler report on a healthy job is noise.
+    straggler: StragglerPolicy = field(default_factory=lambda: StragglerPolicy(
+        min_samples=5, min_late_fraction=0.7, min_lateness_s=0.05, min_ratio=3.0))
+    _ranks: dict[int, _Rank] = field(default_factory=dict)
+    _step_times: list[float] = field(default_factory=list)
+    _reported_episode: bool = False
+    _last_probe_s: float | None = None
+    _probe_steps: int = 0
+    _straggler_reported: set[tuple[int, ...]] = field(default_factory=set)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], *, world_size: int, now_s: float,
+                  probe_interval_s: float = 10.0) -> HangMonitor:
+        """`spec` is the job spec as a dict; its `watchdog` block picks the policy: a fixed
+        `stall_timeout_s` turns the adaptive part off."""
+        wd = dict(spec.get("watchdog") or {})
+        stall, first = wd.get("stall_timeout_s"), wd.get("first_step_timeout_s")
+        if stall:
+            policy = StallPolicy.fixed(float(stall), float(first) if first else None)
+        else:
+            policy = StallPolicy() if not first else StallPolicy(first_step_timeout_s=float(first))
+        return cls(world_size=world_size, started_s=now_s, policy=policy,
+                   action=str(wd.get("action") or "observe"), probe_interval_s=probe_interval_s)
+
+    # -- inputs -----------------------------------------------------------------------------
+    def observe(self, *, now_s: float, metrics: Sequence[Mapping[str, Any]] = (),
+                ranks: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+        """One tick's drain: metrics rows (rank, step, step_time_s) and per-rank updates
+        (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat)."""
+        for row in metrics:
+            r, step = row.get("rank"), row.get("step")
+            if r is None or step is None:
+                continue
+            st = self._ranks.setdefault(int(r), _Rank())
+            if st.step is None or int(step) > st.step:
+                st.step, st.step_changed_s = int(step), now_s
+                self._reported_episode = False  # progress: a new stall is a new episode
+                self._probe_steps += 1
+            t = row.get("step_time_s")
+            if isinstance(t, int | float) and t >= 0:
+                self._step_times.append(float(t))
+        del self._step_times[:-self.policy.window]
+        for r, upd in (ranks or {}).items():
+            hb = upd.get("last_heartbeat")
+            st = self._ranks.setdefault(int(r), _Rank())
+            if hb is not None and hb != st.heartbeat:
+                st.heartbeat, st.heartbeat_s = hb, now_s
+
+    # -- decisions --------------------------------------------------------------------------
+    def evaluate(self, now_s: float, *, dead: Sequence[int] = ()) -> StallDecision:
+        progress = [RankProgress(rank=r, step=st.step, step_changed_s=st.step_changed_s,
+                                 heartbeat_s=st.heartbeat_s, alive=r not in dead)
+                    for r in range(self.world_size)
+                    for st in [self._ranks.get(r, _Rank())]]
+        return evaluate_stall(self.policy, now_s=now_s, started_s=self.started_s,
+                              ranks=progress, step_times=self._step_times)
+
+    def due(self, now_s: float) -> Due | None:
+        """A stall (or silent ranks) not yet reported in this episode."""
+        if self._reported_episode:
+            return None
+        d = self.evaluate(now_s)
+        if d.stalled:
+            return Due("stall", d)
+        if d.silent_ranks:
+            return Due("silent", d)
+        return None
+
+    def mark_reported(self) -> None:
+        self._reported_episode = True
+
+    @property
+    def reported(self) -> bool:
+        return self._reported_episode
+
+    def probe_due(self, now_s: float) -> bool:
+        """Time for a straggler probe: enough new steps since the last one, and no stall."""
+        if self._reported_episode or self.probe_interval_s <= 0:
+            return False
+        if self._last_probe_s is None:
+            self._last_probe_s = now_s
+            return False
+        if now_s - self._last_probe_s < self.probe_interval_s:
+            return False
+        if self._probe_steps < self.straggler.min_samples * max(1, self.world_size):
+            return False
+        self._last_probe_s, self._probe_steps = now_s, 0
+        return True
+
+    def keep_straggler(self, report: DiagnosisReport) -> bool:
+        """Store a straggler report once per culprit set (the probe repeats)."""
+        if report.verdict is not Verdict.STRAGGLER or not report.culprit_ranks:
+            return False
+        key = tuple(report.culprit_ranks)
+        if key in self._straggler_reported:
+            return False
+        self._straggler_reported.add(key)
+        return True
+
+    def median_step_s(self) -> float | None:
+        return statistics.median(self._step_times) if self._step_times else None
+
+    # -- analysis ---------------------------------------------------------------------------
+    def analysis(self, *, summaries: Mapping[int, Mapping[str, Any]],
+                 dead: Mapping[int, str] | None = None,
+                 announcements: Mapping[int, Mapping[str, Any]] | None = None,
+                 locations: Mapping[int, RankLocation] | None = None, trigger: str = "stall",
+                 artifacts: tuple[str, ...] = (), context: str = "") -> DiagnosisReport:
+        """analysis_input -> analyze -> report with the detection context in `details`."""
+        inp = analysis_input(summaries, world_size=self.world_size, dead=dead,
+                             announcements=announcements, locations=locations,
+                             trigger=trigger, artifacts=artifacts)
+        policy = self.straggler
+        med = self.median_step_s()
+        if med is not None:
+            # Lateness must matter against the step time, not only against the noise floor.
+            policy = StragglerPolicy(min_samples=policy.min_samples,
+                                     min_late_fraction=policy.min_late_fraction,
+                                     min_lateness_s=max(policy.min_lateness_s, 0.1 * med),
+                                     min_ratio=policy.min_ratio)
+        report = analyze(inp, straggler_policy=policy)
+        if not context:
+            return report
+        d = report.to_dict()
+        d["details"] = {**d.get("details", {}), "detection": context}
+        return DiagnosisReport.from_dict(d)
+
+    def decide(self, report: DiagnosisReport, *,
+               rank_nodes: Mapping[int, str | None] | None = None) -> Action:
+        """Observe records; restart / fail end the attempt. A straggler is never a hang."""
+        if report.verdict is Verdict.STRAGGLER or self.action not in ("restart", "fail"):
+            return Action("observe", message=report.summary)
+        avoid: tuple[str, ...] = ()
+        if report.verdict is Verdict.COMM_WEDGED and self.action == "restart":
+            avoid = suspect_nodes(report, rank_nodes or {})
+        return Action(self.action, message=report.summary, avoid_nodes=avoid)
+
+
+def suspect_nodes(report: DiagnosisReport, rank_nodes: Mapping[int, str | None]) -> tuple[
+        str, ...]:
+    """Nodes to avoid after a COMM_WEDGED verdict, only with hardware evidence: a suspect at
+    node level names its node; GPU / NVLink-domain suspects name the node of their ranks;
+    switch-level suspects span many nodes and are not avoided (placement cannot route around
+    a switch by dropping a node). NCCL errors on ranks (the culprits then) count as evidence."""
+    nodes: set[str] = set()
+    for hw in report.suspect_hardware:
+        level = hw.level.lower()
+        if level in _HARDWARE_LEVELS:
+            nodes.add(hw.name)
+        elif level in ("gpu", "nvlink_domain", "nvlink", "device"):
+            nodes.update(n for r in hw.ranks if (n := rank_nodes.get(r)))
+    if not nodes and any(ev.nccl_errors for ev in report.evidence):
+        nodes.update(n for r in report.culprit_ranks if (n := rank_nodes.get(r)))
+    return tuple(sorted(nodes))
