@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+_MIGRATION_LOCK = 0x6D657368_79617264  # "meshyard": pg advisory key serialising upgrades
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -53,6 +54,10 @@ def upgrade_database(url: str, *, revision: str = "head") -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # Replicas starting together (Kubernetes) must not race the same CREATE
+                # TABLEs: the second waits here, then finds the schema at head.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
             cfg = alembic_config(url)
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)

@@ -207,3 +207,18 @@ def test_concurrent_threads_one_winner(url: str) -> None:
     finally:
         for lock in locks:
             lock.close()
+
+
+def test_replicas_starting_together_migrate_once(postgres_url: str) -> None:
+    """Two control-plane replicas start on a fresh database at once (Kubernetes): the
+    migrations run under an advisory lock, so neither fails on the other's CREATE TABLE."""
+    code = "import sys; from orchestrator.store.db import upgrade_database; " \
+           "upgrade_database(sys.argv[1])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, postgres_url],
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            errors.append(err.strip().splitlines()[-1:])
+    assert errors == []

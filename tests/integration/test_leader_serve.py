@@ -1,0 +1,152 @@
+"""Two real `meshyard serve` processes on one PostgreSQL and one local Ray cluster.
+
+One leads (schedules and polls); the other serves reads. kill -9 the leader while jobs run
+and others wait: the standby takes the lock within about a second, reattaches to the running
+jobs, places the waiting ones, and every job is placed exactly once for its first attempt
+(one QUEUED→PLACING transition, one Ray placement group per attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray loads: 127.0.0.1 only
+
+import pytest  # noqa: E402
+import ray  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
+
+from api.client import MeshyardClient  # noqa: E402
+from orchestrator.controller import pg_name  # noqa: E402
+from orchestrator.leader import current_leader  # noqa: E402
+from tests.integration.runtime.conftest import (  # noqa: E402, F401 - ray_cluster: a fixture
+    ray_cluster,
+    tiny_spec,
+    write_cluster_file,
+)
+
+TOKEN = "leader-serve-test-admin-token"
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def _serve(data_dir: Path, *, db: str, address: str, cluster_file: Path
+           ) -> subprocess.Popen[bytes]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).parent / "meshyard"
+    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=TOKEN, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--database-url", db,
+         "--ray-address", address, "--cluster-file", str(cluster_file), "--no-access-log"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _url(data_dir: Path, proc: subprocess.Popen[bytes], timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
+        try:
+            info = json.loads((data_dir / "server.json").read_text())
+            if info["pid"] == proc.pid:
+                return str(info["url"])
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not start: " + (data_dir / "serve.log").read_text()[-3000:])
+
+
+def _until(pred: Any, *, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _leader_pid(engine: Any) -> int | None:
+    holder = current_leader(engine)
+    return int(holder.rsplit(":", 1)[1]) if holder else None
+
+
+def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, tmp_path):  # noqa: F811
+    cluster_file = write_cluster_file(tmp_path / "cluster.yaml")
+    engine = create_engine(postgres_url)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        a = _serve(tmp_path / "a", db=postgres_url, address=ray_cluster.address,
+                   cluster_file=cluster_file)
+        procs.append(a)
+        url_a = _url(tmp_path / "a", a)
+        _until(lambda: _leader_pid(engine) == a.pid, timeout_s=30, what="a leads", poll_s=0.1)
+        b = _serve(tmp_path / "b", db=postgres_url, address=ray_cluster.address,
+                   cluster_file=cluster_file)
+        procs.append(b)
+        url_b = _url(tmp_path / "b", b)
+        assert _leader_pid(engine) == a.pid, "the second server must stand by"
+
+        # 4 GPUs: two 2-rank jobs run, the third waits for GPUs.
+        specs = [tiny_spec(f"job-{i}", training={"steps": 40}) for i in range(3)]
+        with MeshyardClient(url_a, TOKEN) as client:
+            ids = [client.submit(s).id for s in specs]
+            running = _until(lambda: [j for j in ids if client.get_job(j).state.value
+                                      == "RUNNING"] if _two_running(client, ids) else None,
+                             timeout_s=180, what="two jobs running")
+        with MeshyardClient(url_b, TOKEN) as client:  # the standby serves reads
+            assert {client.get_job(j).state.value for j in running} == {"RUNNING"}
+
+        killed_at = time.monotonic()
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        _until(lambda: _leader_pid(engine) == b.pid, timeout_s=30, what="b leads", poll_s=0.05)
+        takeover = time.monotonic() - killed_at
+        print(f"\ntwo `meshyard serve` on PostgreSQL: standby leads {takeover:.2f} s after "
+              "kill -9 of the leader")
+
+        with MeshyardClient(url_b, TOKEN) as client:
+            final = _until(lambda: _all_done(client, ids), timeout_s=240, what="all jobs done")
+            placements = {j: [e for e in client.events(j)
+                              if e.kind == "state" and _val(e.dst) == "PLACING"] for j in ids}
+            attempts = {j: [a_.state for a_ in client.attempts(j).items] for j in ids}
+        assert final == {j: "SUCCEEDED" for j in ids}, (final, attempts)
+        for j in ids:
+            assert len(placements[j]) == 1, f"{j} placed {len(placements[j])} times"
+            assert attempts[j] == ["SUCCEEDED"], attempts
+        groups = [pg["name"] for pg in ray.util.placement_group_table().values()]
+        for j in ids:
+            assert groups.count(pg_name(j, 1)) == 1, f"{j}: {groups.count(pg_name(j, 1))} groups"
+        assert takeover < 20, "generous bound: the standby took over"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+        engine.dispose()
+
+
+def _val(x: Any) -> str:
+    return str(x.value) if hasattr(x, "value") else str(x)
+
+
+def _two_running(client: MeshyardClient, ids: list[str]) -> bool:
+    states = [client.get_job(j).state.value for j in ids]
+    # Kill only when nothing is mid-placement: PLACING/STARTING belong to the old leader.
+    return states.count("RUNNING") == 2 and states.count("QUEUED") == 1
+
+
+def _all_done(client: MeshyardClient, ids: list[str]) -> dict[str, str] | None:
+    states = {j: client.get_job(j).state.value for j in ids}
+    done = all(s in ("SUCCEEDED", "FAILED", "CANCELLED") for s in states.values())
+    return states if done else None
