@@ -63,8 +63,10 @@ def candidates(root: Domain, *, units: int, per_block: int, packing: Packing, li
     else:
         return
     for depth in range(home, -1, -1):
+        # BestFit: the tightest domain first; the PACK-like variant: the best linked
         fits = sorted((d for d in depths[depth] if caps[id(d)] >= need),
-                      key=lambda d: (caps[id(d)], d.cap, d.free, d.order))
+                      key=lambda d: (caps[id(d)], d.cap, d.free, d.order) if tight
+                      else (-d.links_gbs, caps[id(d)], d.free, d.order))
         if fits:
             break
     for dom in fits[:limit]:

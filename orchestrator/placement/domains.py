@@ -135,6 +135,19 @@ def _sum_caps(dom: Domain, packing: Packing) -> None:
     dom.links_gbs = min((c.links_gbs for c in dom.children if c.cap > 0), default=0.0)
 
 
+def flatten(root: Domain) -> Domain:
+    """The cluster as one domain over all its nodes (no pools): for the PACK-like fill,
+    which, like Ray's PACK, looks at nodes and not at the switch tree."""
+    nodes = list(root.nodes())
+    return Domain(level="cluster", path=(), order=0, children=nodes,
+                  cap=sum(n.cap for n in nodes), free=sum(n.free for n in nodes),
+                  links_gbs=min((n.links_gbs for n in nodes if n.cap > 0), default=0.0))
+
+
+def has_pools(root: Domain) -> bool:
+    return root.pool or any(has_pools(c) for c in root.children if c.node is None)
+
+
 def by_level(root: Domain) -> list[list[Domain]]:
     """Domains per depth, finest (nodes) first, the root last."""
     depths: list[list[Domain]] = []
@@ -162,7 +175,7 @@ def fill(dom: Domain, k: int, packing: Packing, *, tight: bool = True) -> dict[s
     if dom.node is not None:
         return {dom.node.name: k * packing.unit}
     if dom.pool and sum(c.cap for c in dom.children) < k:
-        return _fill_gpus(dom.children, k * packing.tp)
+        return _fill_gpus(dom.children, k * packing.tp, tight=tight)
     out: dict[str, int] = {}
     left = sorted(dom.children, key=lambda c: take_order(c, c.cap, tight))
     while k > 0:
@@ -186,13 +199,15 @@ def take_order(dom: Domain, cap: int, tight: bool) -> tuple[float, ...]:
     return (-cap, -dom.links_gbs, -dom.free, dom.order)
 
 
-def _fill_gpus(nodes: list[Domain], n: int) -> dict[str, int]:
-    """n GPUs across the nodes of one NVLink pool, BestFit on free GPU counts."""
+def _fill_gpus(nodes: list[Domain], n: int, *, tight: bool) -> dict[str, int]:
+    """n GPUs across the nodes of one NVLink pool, BestFit on free GPU counts (or, not
+    tight, best-linked and most free first)."""
     out: dict[str, int] = {}
-    left = sorted(nodes, key=lambda c: (-c.free, c.order))
+    left = sorted(nodes, key=lambda c: (-c.free, c.order) if tight
+                  else (-c.links_gbs, -c.free, c.order))
     while n > 0:
         fits = [c for c in left if c.free >= n]
-        child = min(fits, key=lambda c: (c.free, c.order)) if fits else left[0]
+        child = min(fits, key=lambda c: (c.free, c.order)) if fits and tight else left[0]
         take = min(n, child.free)
         assert child.node is not None and take > 0
         out[child.node.name] = take

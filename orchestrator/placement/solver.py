@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from orchestrator.placement.blocks import block_sizes, candidates
 from orchestrator.placement.cost import Estimate, ModelDims, estimate_below
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
-from orchestrator.placement.domains import Domain, Packing, build_tree, shape
+from orchestrator.placement.domains import Domain, Packing, build_tree, flatten, has_pools, shape
 from orchestrator.placement.gpus import pick_node_gpus
 from orchestrator.placement.links import LinkFigures, LinkModel, intra_node_link
 from orchestrator.placement.mesh import MeshShape
@@ -179,13 +179,14 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
     first, then the runners-up. Ties go to the earliest. Big jobs cost fewer candidates
     (about 4,096 ranks' worth, at least one of each kind) to bound the solve time."""
     kinds = [(root, blk, True) for root in roots for blk in block_sizes(mesh)]
-    kinds += [(root, 1, False) for root in roots]  # largest-first fill, as Ray's PACK does
+    # PACK-like: largest, best-linked nodes first, as Ray's PACK does over its nodes
+    kinds += [(root if has_pools(root) else flatten(root), 1, False) for root in roots]
     streams = [_domains(root, units=units, per_block=blk * mesh.tp // packing.unit,
                         packing=packing, tight=tight) for root, blk, tight in kinds]
     budget = max(len(streams), min(_MAX_COSTED, _RANK_BUDGET // mesh.world_size))
-    best: tuple[Estimate, list[tuple[str, int]], Domain] | None = None
+    best: tuple[Estimate, list[tuple[str, int]], dict[str, list[int]]] | None = None
     tried: set[object] = set()
-    for dom, counts, rail_first in _round_robin(streams):
+    for counts, rail_first in _round_robin(streams):
         if len(tried) >= budget:
             break
         chosen = _choose_gpus(cluster, counts, packing=packing, links=links,
@@ -200,15 +201,29 @@ def _best_candidate(cluster: ClusterTopology, mesh: MeshShape, *, roots: list[Do
         bound = None if best is None else best[0].total_s * (1 - 1e-9)
         est = estimate_below(slots, mesh=mesh, links=links, model=model, bound=bound)
         if est is not None and (bound is None or est.total_s < bound):
-            best = (est, slots, dom)
+            best = (est, slots, chosen)
     assert best is not None, "capacity was checked before"
-    est, slots, dom = best
+    est, slots, chosen = best
+    level, domain = _spanned(cluster, chosen)
     return Placement(mesh=mesh, ranks=to_rank_placements(cluster, mesh, slots), estimate=est,
-                     level=dom.level, domain=dom.path, tp_within=packing.tp_within)
+                     level=level, domain=domain, tp_within=packing.tp_within)
+
+
+def _spanned(cluster: ClusterTopology, chosen: dict[str, list[int]]) -> tuple[str, tuple[str, ...]]:
+    """The finest domain holding every chosen node: ('node', path + name), ('leaf', path)..."""
+    nodes = {n.name: n for n in cluster.nodes}
+    paths = [(*cluster.path(nodes[name]), name) for name, gpus in chosen.items() if gpus]
+    common: tuple[str, ...] = ()
+    for parts in zip(*paths, strict=False):
+        if len(set(parts)) > 1:
+            break
+        common = (*common, parts[0])
+    coarse_first = ("cluster", *reversed(cluster.levels), "node")
+    return coarse_first[len(common)], common
 
 
 def _domains(root: Domain, *, units: int, per_block: int, packing: Packing,
-             tight: bool) -> Iterator[tuple[Domain, dict[str, int], bool]]:
+             tight: bool) -> Iterator[tuple[dict[str, int], bool]]:
     """BestFit choices of one kind, skipping domains shaped like one already yielded (same
     structure, same cost); each once as is and once with GPUs on common rails."""
     shapes: set[object] = set()
@@ -220,8 +235,8 @@ def _domains(root: Domain, *, units: int, per_block: int, packing: Packing,
         shapes.add(twin)
         if len(shapes) > _CANDIDATES:
             return
-        yield dom, counts, False
-        yield dom, counts, True
+        yield counts, False
+        yield counts, True
 
 
 def _round_robin(streams: list[Iterator[_T]]) -> Iterator[_T]:
