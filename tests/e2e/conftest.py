@@ -159,9 +159,13 @@ def page(context: Any, server: Server) -> Any:
 
 
 def shoot(page: Any, artifacts: Path, name: str) -> None:
-    """Desktop and phone screenshots of the current page."""
-    page.set_viewport_size(DESKTOP)
-    page.screenshot(path=str(artifacts / f"{name}-1280x800.png"), full_page=True)
-    page.set_viewport_size(PHONE)
-    page.screenshot(path=str(artifacts / f"{name}-390x844.png"), full_page=True)
+    """Desktop and phone screenshots of the current page; at both sizes nothing may stick out
+    sideways (wide tables scroll inside their own box, the page itself never does)."""
+    for size in (DESKTOP, PHONE):
+        page.set_viewport_size(size)
+        page.wait_for_timeout(200)  # let the layout settle after the resize
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= size["width"], f"{name}: page is {wide}px wide at {size['width']}px"
+        page.screenshot(path=str(artifacts / f"{name}-{size['width']}x{size['height']}.png"),
+                        full_page=True)
     page.set_viewport_size(DESKTOP)

@@ -111,8 +111,8 @@ def test_job_detail_shows_ranks_chart_and_placement(
     assert page.locator("#rank-5 td").nth(4).inner_text() == nodes[0]
     page.wait_for_function("() => Number(document.querySelector('#chart-loss svg')"
                            "?.dataset.points) === 30")
-    assert page.locator("#chart-loss path.series").get_attribute("d")
-    assert page.locator("#chart-tput path.series").count() == 1
+    assert page.locator("#chart-loss path.series").first.get_attribute("d")
+    assert page.locator("#chart-tput path.series").count() >= 1
 
     cells = page.locator(".pm-gpu.used")
     cells.nth(15).wait_for()

@@ -37,6 +37,17 @@ window.MYCharts = (function () {
     return out;
   }
 
+  // Trailing mean over ~1/30 of the run, drawn over the faint raw series.
+  function smooth(points) {
+    const k = Math.max(3, Math.round(points.length / 30));
+    let sum = 0;
+    return points.map((p, i) => {
+      sum += p.y;
+      if (i >= k) sum -= points[i - k].y;
+      return { x: p.x, y: sum / Math.min(i + 1, k) };
+    });
+  }
+
   function line(container, points, opts) {
     const o = opts || {};
     clear(container);
@@ -73,8 +84,10 @@ window.MYCharts = (function () {
     root.appendChild(svg("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, class: "axis" }));
     root.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, class: "axis" }));
 
-    const d = pts.map((p, i) => (i ? "L" : "M") + sx(p.x).toFixed(1) + " " + sy(p.y).toFixed(1)).join(" ");
-    root.appendChild(svg("path", { d, class: "series " + (o.cls || "") }));
+    const pathOf = (ps) => ps.map((p, i) => (i ? "L" : "M") + sx(p.x).toFixed(1) + " " + sy(p.y).toFixed(1)).join(" ");
+    const noisy = pts.length > 30;
+    root.appendChild(svg("path", { d: pathOf(pts), class: "series " + (o.cls || "") + (noisy ? " raw" : "") }));
+    if (noisy) root.appendChild(svg("path", { d: pathOf(smooth(pts)), class: "series smooth " + (o.cls || "") }));
     const last = pts[pts.length - 1];
     const dot = svg("circle", { cx: sx(last.x), cy: sy(last.y), r: 3.5, class: "last " + (o.cls || "") });
     dot.appendChild(svg("title", {}, `step ${last.x}: ${label(last.y)}`));
@@ -84,5 +97,5 @@ window.MYCharts = (function () {
     return root;
   }
 
-  return { line, niceTicks, downsample };
+  return { line, niceTicks, downsample, smooth };
 })();

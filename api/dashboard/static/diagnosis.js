@@ -57,7 +57,7 @@ window.MYDiagnosis = (function () {
   function render(jobId, items) {
     const section = document.getElementById("diagnosis");
     if (!items.length) { section.hidden = true; return new Set(); }
-    const latest = items[items.length - 1];
+    const latest = items[0]; // the API lists newest first
     const r = latest.report || {};
     const culprits = new Set(latest.culprit_ranks || []);
     section.hidden = false;
@@ -112,7 +112,7 @@ window.MYDiagnosis = (function () {
     clear(older);
     if (items.length > 1) {
       const d = el("details", {}, el("summary", {}, `${items.length - 1} earlier diagnosis(es)`));
-      for (const it of items.slice(0, -1).reverse()) {
+      for (const it of items.slice(1)) {
         d.appendChild(el("p", {}, `attempt ${it.attempt} · ${it.verdict} · ranks ${(it.culprit_ranks || []).join(", ") || "–"}: ${it.summary}`));
       }
       older.appendChild(d);
