@@ -140,7 +140,9 @@ class Diagnosis(_Out):
     created_at: datetime
     verdict: str
     culprit_ranks: list[int]
+    confidence: float | None = None
     summary: str
+    evidence: list[dict[str, Any]] = []
     report: dict[str, Any]
 
 

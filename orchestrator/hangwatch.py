@@ -38,7 +38,7 @@ def _announcement(run_dir: str, rank: int) -> dict[str, Any] | None:
 
 class HangWatch:
     def __init__(self, cfg: AttemptConfig, *, emit: Callable[..., None],
-                 probe_interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+                 probe_interval_s: float = 5.0, clock: Callable[[], float] = time.monotonic
                  ) -> None:
         self.cfg = cfg
         self._emit = emit

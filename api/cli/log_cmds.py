@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from api.cli.app import app
 from api.cli.common import DataDirOpt
+from api.cli.logs_group import DEFAULT, logs_app
 from api.client import resolve_connection
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Server URL [env MESHYARD_URL].")]
@@ -41,7 +41,7 @@ def _follow(url: str, token: str | None, job_id: str, *, rank: int | None, tail:
                 typer.echo(_format(json.loads(raw), prefix=prefix))
 
 
-@app.command("logs")
+@logs_app.command(DEFAULT)
 def logs(job_id: Annotated[str, typer.Argument(help="Job id.")],
          rank: Annotated[int | None, typer.Option("--rank", "-r", help="Only this rank.")]
          = None,

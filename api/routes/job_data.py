@@ -71,5 +71,9 @@ def list_logs(job: JobDep, store: StoreDep, after: After = 0,
 
 @router.get("/diagnoses", operation_id="listJobDiagnoses", response_model=DiagnosisList)
 def list_diagnoses(job: JobDep, store: StoreDep) -> Response:
-    found = store.list_diagnoses(job.id)
-    return model_response(DiagnosisList(items=[Diagnosis.model_validate(d) for d in found]))
+    # Newest first; the report's confidence and per-rank evidence are lifted to the top level.
+    found = reversed(store.list_diagnoses(job.id))
+    return model_response(DiagnosisList(items=[
+        Diagnosis.model_validate(d).model_copy(update={
+            "confidence": d.report.get("confidence"),
+            "evidence": list(d.report.get("evidence") or [])}) for d in found]))

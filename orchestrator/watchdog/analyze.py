@@ -281,7 +281,7 @@ def _enter_times(ctx: _Ctx) -> dict[int, dict[tuple[str, int], float]]:
 
 
 def _straggler_finding(ctx: _Ctx, policy: StragglerPolicy) -> _Finding | None:
-    scores = straggler_scores(_enter_times(ctx))
+    scores = straggler_scores(_enter_times(ctx), min_spread_s=policy.min_spread_s)
     slow = find_stragglers(scores, policy)
     if not slow:
         return None

@@ -105,6 +105,10 @@ class StragglerPolicy:
     min_late_fraction: float = 0.6  # share of collectives where the rank entered last
     min_lateness_s: float = 0.02  # median lateness must exceed this ...
     min_ratio: float = 3.0  # ... and this many times the others' typical |lateness|
+    # Only collectives whose enter times spread at least this much count: a collective every
+    # rank entered within the noise says nothing about who makes the others wait (a loss
+    # all-reduce right after a gradient all-reduce has synchronised everyone).
+    min_spread_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,10 @@ class StragglerScore:
     others_spread_s: float  # median spread (max - min) of the OTHER ranks' enter times: noise
 
 
-def straggler_scores(
-        enter_times: Mapping[int, Mapping[Any, float]]) -> tuple[StragglerScore, ...]:
-    """Score every rank from time-to-enter. `enter_times[rank][(pg, seq)] = seconds`."""
+def straggler_scores(enter_times: Mapping[int, Mapping[Any, float]], *,
+                     min_spread_s: float = 0.0) -> tuple[StragglerScore, ...]:
+    """Score every rank from time-to-enter. `enter_times[rank][(pg, seq)] = seconds`;
+    collectives whose enter times spread less than `min_spread_s` are skipped."""
     keys: dict[Hashable, dict[int, float]] = {}
     for rank, times in enter_times.items():
         for key, t in times.items():
@@ -127,7 +132,7 @@ def straggler_scores(
     spread: dict[int, list[float]] = {r: [] for r in enter_times}
     last: dict[int, int] = dict.fromkeys(enter_times, 0)
     for at in keys.values():
-        if len(at) < 2:
+        if len(at) < 2 or max(at.values()) - min(at.values()) < min_spread_s:
             continue
         last[max(at, key=lambda r: at[r])] += 1
         for r, t in at.items():

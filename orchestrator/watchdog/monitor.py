@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.watchdog.analyze import analyze
@@ -34,7 +34,7 @@ from orchestrator.watchdog.inputs import analysis_input
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 # Hardware verdicts whose suspect node a restart should avoid.
-_HARDWARE_LEVELS = ("node", "host")
+_HARDWARE_LEVELS = ("node",)
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,11 @@ class HangMonitor:
     started_s: float
     policy: StallPolicy = field(default_factory=StallPolicy)
     action: str = "observe"
-    probe_interval_s: float = 10.0
+    probe_interval_s: float = 5.0
     # Stricter than the analyzer's default: a straggler report on a healthy job is noise.
     straggler: StragglerPolicy = field(default_factory=lambda: StragglerPolicy(
-        min_samples=5, min_late_fraction=0.7, min_lateness_s=0.05, min_ratio=3.0))
+        min_samples=8, min_late_fraction=0.75, min_lateness_s=0.05, min_ratio=3.0,
+        min_spread_s=0.05))
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     _step_times: list[float] = field(default_factory=list)
     _reported_episode: bool = False
@@ -92,13 +93,16 @@ class HangMonitor:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], *, world_size: int, now_s: float,
-                  probe_interval_s: float = 10.0) -> HangMonitor:
+                  probe_interval_s: float = 5.0) -> HangMonitor:
         """`spec` is the job spec as a dict; its `watchdog` block picks the policy: a fixed
         `stall_timeout_s` turns the adaptive part off."""
         wd = dict(spec.get("watchdog") or {})
         stall, first = wd.get("stall_timeout_s"), wd.get("first_step_timeout_s")
         if stall:
-            policy = StallPolicy.fixed(float(stall), float(first) if first else None)
+            # Heartbeats come every second but a loaded host delays them by seconds: a silent
+            # rank is one quiet for the stall threshold and at least 15 s.
+            policy = StallPolicy.fixed(float(stall), float(first) if first else None,
+                                       heartbeat_timeout_s=max(float(stall), 15.0))
         else:
             policy = StallPolicy() if not first else StallPolicy(first_step_timeout_s=float(first))
         return cls(world_size=world_size, started_s=now_s, policy=policy,
@@ -142,6 +146,11 @@ class HangMonitor:
         if self._reported_episode:
             return None
         d = self.evaluate(now_s)
+        # A rank that never sent a heartbeat is still starting (imports, model build): the
+        # first-step threshold covers it, not the silence rule.
+        silent = tuple(r for r in d.silent_ranks
+                       if self._ranks.get(r, _Rank()).heartbeat_s is not None)
+        d = replace(d, silent_ranks=silent)
         if d.stalled:
             return Due("stall", d)
         if d.silent_ranks:
@@ -196,10 +205,7 @@ class HangMonitor:
         med = self.median_step_s()
         if med is not None:
             # Lateness must matter against the step time, not only against the noise floor.
-            policy = StragglerPolicy(min_samples=policy.min_samples,
-                                     min_late_fraction=policy.min_late_fraction,
-                                     min_lateness_s=max(policy.min_lateness_s, 0.1 * med),
-                                     min_ratio=policy.min_ratio)
+            policy = replace(policy, min_lateness_s=max(policy.min_lateness_s, 0.1 * med))
         report = analyze(inp, straggler_policy=policy)
         if not context:
             return report

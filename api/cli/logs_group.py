@@ -1,0 +1,30 @@
+"""The `meshyard logs` group: `logs ID` (default: a job's log lines, api/cli/log_cmds.py) and
+`logs parse FILE` (NCCL / PyTorch log events, api/cli/diag_cmds.py) side by side.
+
+A first argument that is not a subcommand name is a job id: it runs the default `show`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from api.cli.app import app
+
+DEFAULT = "show"
+
+
+class _DefaultGroup(TyperGroup):
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        if args and args[0] not in self.commands:
+            args.insert(0, DEFAULT)
+        return super().resolve_command(ctx, args)
+
+
+logs_app = typer.Typer(cls=_DefaultGroup, no_args_is_help=True, add_completion=False,
+                       help="A job's log lines (`logs ID`), or parse a log file "
+                       "(`logs parse FILE --json`).")
+app.add_typer(logs_app, name="logs")

@@ -1,0 +1,218 @@
+"""The hang watchdog end to end: real gloo jobs on Ray through the runtime, injected faults,
+the controller's detection and evidence round, the stored report (issue 6's table).
+
+One local Ray and one runtime serve the whole module. Jobs are tiny (3 ranks unless the
+scenario needs 2), the stall threshold is 3 s, and `watchdog.action: fail` ends a hung job as
+soon as its report is written, so no test waits for a collective timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+from orchestrator.lifecycle import JobState  # noqa: E402
+from orchestrator.settings import Settings  # noqa: E402
+from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.store import open_store  # noqa: E402
+from orchestrator.store.repo import Store  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TINY = {"kind": "gpt", "n_layers": 2, "n_heads": 2, "d_model": 32, "vocab_size": 64,
+        "seq_len": 16}
+
+
+def hang_spec(name: str, *, world: int = 3, fault: dict[str, Any] | None = None,
+              action: str = "fail", steps: int = 8, **over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name, "parallelism": {"dp_replicate": world},
+        "resources": {"cpus_per_worker": 0.25, "device": "cpu"},
+        "model": dict(TINY),
+        "training": {"steps": steps, "micro_batch_size": 2, "lr": 0.01},
+        "checkpoint": {"enabled": False},
+        "fault_tolerance": {"max_failures": 0, "init_timeout_s": 60, "collective_timeout_s": 60},
+        "watchdog": {"stall_timeout_s": 3, "first_step_timeout_s": 120, "action": action},
+    }
+    if fault is not None:
+        spec["inject_fault"] = fault
+    spec.update(over)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Store]]:
+    import ray
+
+    from orchestrator.runtime import Runtime
+
+    tmp = tmp_path_factory.mktemp("hangs")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             namespace="meshyard", _node_ip_address="127.0.0.1")
+    store = open_store(f"sqlite:///{tmp / 'meshyard.db'}")
+    rt = Runtime(Settings(data_dir=tmp, allow_fault_injection=True), store, tick_s=0.2)
+    try:
+        rt.start()
+        yield rt, store
+    finally:
+        rt.stop()
+        store.close()
+        ray.shutdown()
+
+
+def submit(store: Store, spec: dict[str, Any]) -> str:
+    job, _ = store.submit_job(parse_spec(spec), owner="admin")
+    return job.id
+
+
+def wait_for(store: Store, job_id: str, pred: Any, *, timeout_s: float = 150.0,
+             what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = store.get_job(job_id)
+        if job is not None and pred(job):
+            return job
+        time.sleep(0.25)
+    job = store.get_job(job_id)
+    events = [(e.kind, e.dst, e.reason, e.message[:300]) for e in store.list_events(job_id)]
+    raise AssertionError(f"{job_id} never reached {what}: {job.state if job else None} "
+                         f"{events}")
+
+
+def terminal(store: Store, job_id: str) -> Any:
+    return wait_for(store, job_id, lambda j: j.state in (
+        JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED), what="a terminal state")
+
+
+def report_of(store: Store, job_id: str) -> Any:
+    found = store.list_diagnoses(job_id)
+    assert found, [(e.kind, e.reason, e.message[:200]) for e in store.list_events(job_id)]
+    return found[-1]
+
+
+def _show(name: str, d: Any) -> None:
+    print(f"\n[hang] {name}: {d.verdict} {d.culprit_ranks} | {d.summary}")
+    if os.environ.get("HANG_DEBUG"):
+        import json
+        print(json.dumps(d.report, indent=1, default=str)[:6000])
+
+
+def test_hang_names_the_rank_that_never_joined_and_fails_the_job(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("hang", fault={"kind": "hang", "rank": 1, "step": 3}))
+    job = terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("hang", d)
+    assert (d.verdict, d.culprit_ranks) == ("NOT_JOINED", [1])
+    assert "Rank 1" in d.summary and "never entered all_reduce" in d.summary
+    assert job.state == JobState.FAILED and job.failure_reason == "HANG_DETECTED"
+    assert len(store.list_diagnoses(job_id)) == 1  # the kill that follows is not news
+    # Evidence: every rank's artifacts are kept under the run dir, in one stamped folder.
+    arts = [Path(a) for a in d.report["artifacts"]]
+    assert arts and all(a.exists() for a in arts)
+    assert len({a.parent.parent for a in arts if a.name == "summary.json"}) == 1
+    waiting = [e for e in d.report["evidence"] if e["rank"] != 1]
+    assert all("all_reduce" in (e.get("top_of_stack") or "") or e["pgs"] for e in waiting)
+
+
+def test_crash_is_rank_exited(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("crash", fault={"kind": "crash", "rank": 2, "step": 3}))
+    terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("crash", d)
+    assert (d.verdict, d.culprit_ranks) == ("RANK_EXITED", [2])
+
+
+def test_size_mismatch_is_named_although_gloo_aborts(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("mismatch",
+                                     fault={"kind": "mismatch", "rank": 1, "step": 3}))
+    terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("mismatch", d)
+    assert (d.verdict, d.culprit_ranks) == ("COLLECTIVE_MISMATCH", [1])
+    (m,) = d.report["mismatches"]
+    assert m["field"] == "sizes"
+
+
+def test_desync_is_named(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("desync", fault={"kind": "desync", "rank": 0, "step": 3}))
+    terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("desync", d)
+    assert d.verdict in ("NOT_JOINED", "COLLECTIVE_MISMATCH")
+    assert d.culprit_ranks == [0]
+
+
+def test_p2p_stall_names_the_stage_that_never_sends(env) -> None:
+    _, store = env
+    spec = hang_spec("p2p", world=2, fault={"kind": "p2p_stall", "rank": 0, "step": 3},
+                     parallelism={"pp": 2, "pp_microbatches": 2})
+    spec["training"] = dict(spec["training"], micro_batch_size=1)
+    job_id = submit(store, spec)
+    terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("p2p_stall", d)
+    assert d.verdict in ("P2P_MISMATCH", "NOT_JOINED")
+    assert d.culprit_ranks == [0]
+
+
+def test_user_hang_is_non_collective_with_the_stack(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("user", world=2,
+                                     fault={"kind": "user_hang", "rank": 0, "step": 3}))
+    terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("user_hang", d)
+    assert (d.verdict, d.culprit_ranks) == ("NON_COLLECTIVE_HANG", [0, 1])
+    assert "_user_code_blocks_forever" in d.summary
+    assert all("_user_code_blocks_forever" in (e.get("top_of_stack") or "")
+               for e in d.report["evidence"])
+
+
+def test_slow_rank_is_a_straggler_not_a_hang(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec(
+        "slow", action="observe", steps=40,
+        fault={"kind": "slow", "rank": 2, "step": 2, "seconds": 0.3}))
+    job = terminal(store, job_id)
+    assert job.state == JobState.SUCCEEDED
+    diags = store.list_diagnoses(job_id)
+    assert diags, "no straggler report"
+    _show("slow", diags[-1])
+    assert {(d.verdict, tuple(d.culprit_ranks)) for d in diags} == {("STRAGGLER", (2,))}
+
+
+def test_healthy_job_has_no_report(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("healthy", action="observe", steps=30))
+    job = terminal(store, job_id)
+    assert job.state == JobState.SUCCEEDED
+    assert store.list_diagnoses(job_id) == []
+
+
+def test_restart_action_resumes_from_checkpoint(env) -> None:
+    _, store = env
+    spec = hang_spec("restart", action="restart", world=2,
+                     fault={"kind": "hang", "rank": 0, "step": 4, "attempt": 1})
+    spec["checkpoint"] = {"enabled": True, "every_steps": 2, "async_save": False}
+    spec["fault_tolerance"] = dict(spec["fault_tolerance"], max_failures=1)
+    job_id = submit(store, spec)
+    job = terminal(store, job_id)
+    assert job.state == JobState.SUCCEEDED, job.message
+    attempts = store.list_attempts(job_id)
+    assert [a.state for a in attempts] == ["FAILED", "SUCCEEDED"]
+    assert attempts[0].failure_reason == "HANG_DETECTED"
+    (d,) = store.list_diagnoses(job_id)
+    assert (d.attempt, d.verdict, d.culprit_ranks) == (1, "NOT_JOINED", [0])
+    logs = [x.line for x in store.list_logs(job_id, rank=0, limit=5000)]
+    assert any("resumed from checkpoint at step 2" in line for line in logs)
