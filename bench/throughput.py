@@ -1,21 +1,22 @@
 """Throughput: meshyard's training loop vs a minimal hand-written torchrun loop, one run.
 
-    .venv/bin/python bench/throughput.py [--steps 100] [--short-steps 20] [--rounds 2]
+    .venv/bin/python bench/throughput.py [--steps 80] [--warmup 10] [--rounds 3]
 
 Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_replicate=2,
 25 MiB buckets, AdamW, grad clip 1.0), same launcher (torchrun, OMP_NUM_THREADS=1 per rank):
 
 * ``baseline``  bench/ddp_baseline.py — what a user writes by hand;
-* ``meshyard``  ``torchrun -m workers.launch`` with the default 1 s heartbeat;
+* ``meshyard``  ``workers.launch`` under torchrun with the default 1 s heartbeat (through
+  bench/launch_cputime.py, which only adds rank 0's CPU time to each metrics row);
 * ``meshyard_no_hb``  the same with the heartbeat thread effectively off (1e6 s interval).
 
 Two figures per run, each the median over ``--rounds`` alternating rounds:
 
 * wall: steps/s = 1 / the median step duration after ``--warmup`` steps, from the wall clock
   recorded at the end of every step (the same point in both loops);
-* cpu: marginal CPU seconds per step over the whole process tree, (CPU of a ``--steps`` run
-  - CPU of a ``--short-steps`` run) / the step difference, so start-up cancels out. On a
-  shared machine this is the robust figure: other processes stretch wall time, not CPU time.
+* cpu: rank 0's median CPU seconds per step (``time.process_time()``, all threads, so the
+  heartbeat thread counts). On a shared machine this is the robust figure: other processes
+  stretch wall time, much less CPU time.
 
 Then DDP, FSDP (dp_shard=2), TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run on the same
 model and global batch, reported relative to DDP. Heartbeat overhead is given end to end
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -78,21 +78,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _cpu_children() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def _torchrun(args: list[str], *, nproc: int) -> float:
-    """Runs torchrun; returns the CPU seconds (user + sys) its whole process tree used."""
+def _torchrun(args: list[str], *, nproc: int) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]
-    before = _cpu_children()
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
                           check=False, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return _cpu_children() - before
 
 
 def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
@@ -110,37 +102,44 @@ def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
 
 
 def run_meshyard(layout: str, *, steps: int, device: str, work: Path, nproc: int,
-                 hb_interval: float = 1.0) -> tuple[list[float], float]:
+                 hb_interval: float = 1.0) -> tuple[list[float], list[float]]:
     d = Path(tempfile.mkdtemp(prefix=f"{layout}-", dir=work))
     spec = d / "spec.yaml"
     spec.write_text(yaml.safe_dump(spec_for(layout, steps=steps, device=device)))
-    cpu = _torchrun(["-m", "workers.launch", "--spec", str(spec), "--out", str(d / "run"),
-                     "--heartbeat-interval", str(hb_interval)], nproc=nproc)
+    _torchrun([str(REPO / "bench" / "launch_cputime.py"), "--spec", str(spec),
+               "--out", str(d / "run"), "--heartbeat-interval", str(hb_interval)], nproc=nproc)
     rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x]
-    return [r["time"] for r in rows], cpu
+    return [r["time"] for r in rows], [r["cpu_time"] for r in rows]
 
 
-def run_baseline(*, steps: int, device: str, work: Path, nproc: int) -> tuple[list[float], float]:
+def run_baseline(*, steps: int, device: str, work: Path,
+                 nproc: int) -> tuple[list[float], list[float]]:
     d = Path(tempfile.mkdtemp(prefix="baseline-", dir=work))
     cfg = {"model": {k: v for k, v in MODEL.items() if k != "kind"}, "steps": steps,
            "micro_batch_size": GLOBAL_BATCH // nproc, "lr": LR, "grad_clip": GRAD_CLIP,
            "bucket_cap_mb": BUCKET_MB, "seed": SEED, "device": device}
     (d / "config.json").write_text(json.dumps(cfg))
-    cpu = _torchrun([str(REPO / "bench" / "ddp_baseline.py"), "--config",
-                     str(d / "config.json"), "--out", str(d / "times.json")], nproc=nproc)
-    return list(json.loads((d / "times.json").read_text())["times"]), cpu
+    _torchrun([str(REPO / "bench" / "ddp_baseline.py"), "--config", str(d / "config.json"),
+               "--out", str(d / "times.json")], nproc=nproc)
+    out = json.loads((d / "times.json").read_text())
+    return list(out["times"]), list(out["cpu"])
 
 
-def steady_rate(times: list[float], *, warmup: int) -> float:
-    """Steps/s from the median step duration after ``warmup`` steps.
+def median_step(clock: list[float], *, warmup: int) -> float:
+    """Median per-step increment of ``clock`` (wall or CPU seconds) after ``warmup`` steps.
 
     The median, not the mean over the window: on a shared machine another process's burst
     stretches a few steps by several times, and the median ignores those.
     """
-    if len(times) <= warmup + 2:
-        raise ValueError(f"need more than {warmup + 2} steps, got {len(times)}")
-    steady = times[warmup:]
-    return 1.0 / statistics.median(b - a for a, b in zip(steady, steady[1:], strict=False))
+    if len(clock) <= warmup + 2:
+        raise ValueError(f"need more than {warmup + 2} steps, got {len(clock)}")
+    steady = clock[warmup:]
+    return statistics.median(b - a for a, b in zip(steady, steady[1:], strict=False))
+
+
+def steady_rate(times: list[float], *, warmup: int) -> float:
+    """Steady-state steps/s: 1 / the median step duration."""
+    return 1.0 / median_step(times, warmup=warmup)
 
 
 def heartbeat_microbench() -> dict[str, float]:
@@ -195,25 +194,22 @@ def mfu(steps_per_s: float, *, n_gpus: int) -> float | None:
     return achieved / (peak * n_gpus)
 
 
-def _measure(run: Any, *, steps: int, short: int, warmup: int) -> tuple[float, float]:
-    """(wall-clock steps/s, marginal CPU seconds per step summed over ranks).
+def _measure(run: Any, *, steps: int, warmup: int) -> tuple[float, float]:
+    """(wall-clock steps/s, rank 0's median CPU seconds per step).
 
-    The CPU figure is (CPU of a ``steps`` run - CPU of a ``short`` run) / (steps - short):
-    start-up cancels out, and unlike wall time it barely moves when other processes share
-    the cores (a waiting rank sleeps in gloo and uses no CPU).
+    CPU time moves much less than wall time when other processes share the cores: a rank
+    waiting for its peer sleeps in gloo and a descheduled one accrues nothing.
     """
-    times, cpu_long = run(steps)
-    _, cpu_short = run(short)
-    return steady_rate(times, warmup=warmup), (cpu_long - cpu_short) / (steps - short)
+    times, cpu = run(steps)
+    return steady_rate(times, warmup=warmup), median_step(cpu, warmup=warmup)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--short-steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     import torch
 
@@ -226,7 +222,7 @@ def main() -> None:
         "meshyard": lambda n: run_meshyard("ddp", steps=n, **kw),
         "meshyard_no_hb": lambda n: run_meshyard("ddp", steps=n, hb_interval=1e6, **kw),
     }
-    m = {"steps": args.steps, "short": args.short_steps, "warmup": args.warmup}
+    m = {"steps": args.steps, "warmup": args.warmup}
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(args.rounds):
@@ -260,7 +256,7 @@ def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
     ddp_w, ddp_c = layouts["ddp"]
     return {
         "config": {"model": MODEL, "global_batch": GLOBAL_BATCH, "ranks": nproc,
-                   "device": device, "steps": args.steps, "short_steps": args.short_steps,
+                   "device": device, "steps": args.steps,
                    "warmup": args.warmup, "rounds": args.rounds, "bucket_cap_mb": BUCKET_MB,
                    "grad_clip": GRAD_CLIP, "load_average": os.getloadavg()},
         "wall": {"steps_per_s": med_w, "per_round": wall,
