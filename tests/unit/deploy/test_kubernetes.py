@@ -160,12 +160,15 @@ def test_control_plane_wiring(rendered: Docs, overlay: str) -> None:
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"][:2] == ["meshyard", "serve"]
+    script = " ".join(c["args"])
+    assert script.startswith('ray start --address="$MESHYARD_RAY_ADDRESS" --num-cpus=0 '
+                             "--num-gpus=0"), "a zero-resource Ray node: a local driver"
+    assert 'exec meshyard serve --ray-address "$MESHYARD_RAY_ADDRESS"' in script
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     env = {e["name"]: e.get("value") for e in c["env"]}
     ray = find(docs, "RayCluster")
-    assert env["MESHYARD_RAY_ADDRESS"] == f"ray://{ray['metadata']['name']}-head-svc:10001"
+    assert env["MESHYARD_RAY_ADDRESS"] == f"{ray['metadata']['name']}-head-svc:6379"
     assert env["MESHYARD_HOST"] == "0.0.0.0"  # inside the pod only; TLS in front
     want = {"dev": 1, "prod": 2}[overlay]
     assert dep["spec"]["replicas"] == want
