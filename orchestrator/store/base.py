@@ -29,11 +29,10 @@ class StoreBase:
         return self.engine.dialect.name == "postgresql"
 
 
-def job_record(j: m.Job, *, with_spec: bool = True) -> r.JobRecord:
+def job_record(j: m.Job) -> r.JobRecord:
     return r.JobRecord(
         id=j.id, seq=j.seq, name=j.name, owner=j.owner, state=JobState(j.state),
-        priority=j.priority, spec=j.spec if with_spec else {}, submission_id=j.submission_id,
-        world_size=j.world_size,
+        priority=j.priority, spec=j.spec, submission_id=j.submission_id, world_size=j.world_size,
         total_steps=j.total_steps, created_at=j.created_at, updated_at=j.updated_at,
         current_attempt=j.current_attempt, last_step=j.last_step, last_loss=j.last_loss,
         pending_reason=j.pending_reason, failure_reason=j.failure_reason, message=j.message,

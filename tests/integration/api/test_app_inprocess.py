@@ -170,3 +170,13 @@ def test_cluster_shape_is_cached_for_its_ttl(env) -> None:
     store.upsert_node(name="n2", gpus=16)
     time.sleep(0.35)
     assert shape.max_gpus_per_node() == 16
+
+
+def test_list_items_match_the_detail_without_spec(env) -> None:
+    client, store, auth, _ = env
+    job = client.post("/v1/jobs", json={"name": "same", "priority": 7}, headers=auth).json()
+    store.set_pending_reason(job["id"], {"code": "NO_RESOURCES", "needs_gpus": 2})
+    detail = client.get(f"/v1/jobs/{job['id']}", headers=auth).json()
+    listed = client.get("/v1/jobs", params={"name": "same"}, headers=auth).json()["items"]
+    assert listed == [{k: v for k, v in detail.items() if k != "spec"}]
+    assert detail["spec"]["priority"] == 7 and detail["created_at"].endswith("Z")
