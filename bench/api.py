@@ -217,6 +217,20 @@ def uvicorn_stack() -> dict[str, str]:
             "loop": "uvloop" if find_spec("uvloop") else "asyncio"}
 
 
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The table bench/README.md shows."""
+    lines = ["| backend | submissions/s | GET /v1/jobs/{id} p50 / p99 | GET /v1/jobs?limit=50 "
+             "p50 / p99 | /healthz floor p50 | server CPU per submit / get / list |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        s, g, li, f = r["submit"], r["get_job"], r["list_jobs_limit_50"], r["healthz_floor"]
+        lines.append(f"| {r['backend']} | {s['submissions_per_s']:.0f} | {g['p50_ms']} / "
+                     f"{g['p99_ms']} ms | {li['p50_ms']} / {li['p99_ms']} ms | {f['p50_ms']} ms "
+                     f"| {s['server_cpu_ms_per_request']} / {g['server_cpu_ms_per_request']} / "
+                     f"{li['server_cpu_ms_per_request']} ms |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -226,6 +240,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     results = []
+    load_at_start = os.getloadavg()[0]
     backends = args.backends.split(",")
     if "sqlite" in backends:
         results.append(run_backend("sqlite", database_url=None, args=args))
@@ -238,11 +253,13 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "api", "uvicorn_workers": 1, "uvicorn": uvicorn_stack(),
-        "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()[0],
+        "cpus": os.cpu_count(), "load_average_at_start": round(load_at_start, 1),
+        "load_average_at_end": round(os.getloadavg()[0], 1),
         "targets": {"sqlite_submissions_per_s": 300, "sqlite_p99_ms": 25},
         "params": {"jobs": args.jobs, "concurrency": args.concurrency,
                    "samples": args.samples},
         "results": results}, indent=2) + "\n")
+    print(markdown(results))
     print(f"wrote {args.out}")
 
 
