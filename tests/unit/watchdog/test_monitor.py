@@ -1,0 +1,126 @@
+"""The controller's hang monitor (pure): when a diagnosis is due, probes, and actions."""
+
+from __future__ import annotations
+
+from orchestrator.watchdog.monitor import HangMonitor, suspect_nodes
+from orchestrator.watchdog.report import (
+    DiagnosisReport,
+    RankReport,
+    SuspectHardware,
+    Verdict,
+)
+
+
+def _mon(**watchdog: object) -> HangMonitor:
+    return HangMonitor.from_spec({"watchdog": watchdog}, world_size=2, now_s=0.0,
+                                 probe_interval_s=5.0)
+
+
+def _steps(m: HangMonitor, now: float, step: int, *, dt: float = 0.1) -> None:
+    m.observe(now_s=now, metrics=[{"rank": r, "step": step, "step_time_s": dt}
+                                  for r in range(2)],
+              ranks={r: {"last_heartbeat": now} for r in range(2)})
+
+
+def _report(verdict: Verdict, culprits: tuple[int, ...] = (1,), **kw: object
+            ) -> DiagnosisReport:
+    return DiagnosisReport(verdict=verdict, culprit_ranks=culprits, confidence=0.9,
+                           summary="s", **kw)  # type: ignore[arg-type]
+
+
+def test_fixed_threshold_from_the_spec_and_one_report_per_episode() -> None:
+    m = _mon(stall_timeout_s=3, action="fail")
+    assert (m.policy.floor_s, m.policy.k, m.policy.first_step_timeout_s) == (3.0, 0.0, 30.0)
+    assert m.policy.heartbeat_timeout_s == 15.0
+    _steps(m, 1.0, 1)
+    _steps(m, 2.0, 2)
+    assert m.due(4.5) is None
+    due = m.due(5.5)
+    assert due is not None and due.trigger == "stall" and due.decision.reason == "stall"
+    assert "no rank's step advanced for 3.5 s" in due.describe()
+    m.mark_reported()
+    assert m.due(20.0) is None  # still the same stall: reported once
+    _steps(m, 21.0, 3)  # progress resumed: a new episode
+    assert not m.reported
+    assert m.due(21.5) is None and m.due(24.5) is not None
+
+
+def test_adaptive_defaults_follow_the_step_time() -> None:
+    m = _mon()
+    assert m.policy.floor_s == 12.0 and m.policy.k == 5.0
+    for i in range(1, 20):
+        _steps(m, float(i) * 4, i, dt=4.0)  # 4 s steps: threshold 5 x 4 = 20 s
+    last = 19 * 4.0
+    assert m.due(last + 15) is None
+    assert m.due(last + 21) is not None
+
+
+def test_first_step_threshold_before_any_step() -> None:
+    m = _mon(stall_timeout_s=2, first_step_timeout_s=50)
+    assert m.due(40.0) is None
+    due = m.due(51.0)
+    assert due is not None and due.decision.reason == "first_step"
+    assert "first step" in due.describe()
+
+
+def test_silent_only_after_a_first_heartbeat() -> None:
+    m = _mon(stall_timeout_s=100)
+    assert m.due(60.0) is None  # ranks still starting: no heartbeat yet, not "silent"
+    m.observe(now_s=60.0, ranks={0: {"last_heartbeat": 1.0}, 1: {"last_heartbeat": 1.0}})
+    m.observe(now_s=150.0, ranks={0: {"last_heartbeat": 2.0}})  # rank 1 stops
+    assert m.due(150.0) is None  # quiet for 90 s < max(100, 15) s
+    due = m.due(170.0)
+    assert due is not None and due.trigger == "silent"
+    assert due.decision.silent_ranks == (1,)
+
+
+def test_probe_needs_time_and_steps_and_no_stall() -> None:
+    m = _mon(stall_timeout_s=100)
+    assert not m.probe_due(0.0)  # starts the clock
+    for i in range(1, 12):
+        _steps(m, 0.5 * i, i)
+    assert not m.probe_due(4.0)
+    assert m.probe_due(6.0)
+    assert not m.probe_due(12.0)  # no new steps since
+    for i in range(12, 24):
+        _steps(m, 12 + 0.1 * i, i)
+    assert m.probe_due(20.0)
+    m.mark_reported()
+    assert not m.probe_due(40.0)
+
+
+def test_actions() -> None:
+    straggler = _report(Verdict.STRAGGLER)
+    hang = _report(Verdict.NOT_JOINED)
+    assert _mon(action="fail").decide(straggler).kind == "observe"
+    assert _mon(action="observe").decide(hang).kind == "observe"
+    act = _mon(action="fail").decide(hang)
+    assert (act.kind, act.reason, act.avoid_nodes) == ("fail", "HANG_DETECTED", ())
+    assert _mon(action="restart").decide(hang).kind == "restart"
+
+
+def test_restart_avoids_the_suspect_node_only_for_wedged_with_hardware_evidence() -> None:
+    nodes = {0: "a", 1: "a", 2: "b", 3: "b"}
+    wedged = _report(Verdict.COMM_WEDGED, (2, 3), suspect_hardware=(
+        SuspectHardware(level="node", name="b", ranks=(2, 3), reason="shared"),))
+    assert _mon(action="restart").decide(wedged, rank_nodes=nodes).avoid_nodes == ("b",)
+    gpu = _report(Verdict.COMM_WEDGED, (2,), suspect_hardware=(
+        SuspectHardware(level="gpu", name="b/GPU0", ranks=(2,), reason="x"),))
+    assert suspect_nodes(gpu, nodes) == ("b",)
+    switch = _report(Verdict.COMM_WEDGED, (0, 2), suspect_hardware=(
+        SuspectHardware(level="leaf", name="l0", ranks=(0, 1, 2, 3), reason="x"),))
+    assert suspect_nodes(switch, nodes) == ()
+    errors = _report(Verdict.COMM_WEDGED, (1,), evidence=(
+        RankReport(rank=1, state="waiting", nccl_errors=("ib completion error",)),))
+    assert suspect_nodes(errors, nodes) == ("a",)
+    no_evidence = _report(Verdict.COMM_WEDGED, (0, 1, 2, 3))
+    assert _mon(action="restart").decide(no_evidence, rank_nodes=nodes).avoid_nodes == ()
+    hang = _report(Verdict.NOT_JOINED, (2,), suspect_hardware=wedged.suspect_hardware)
+    assert _mon(action="restart").decide(hang, rank_nodes=nodes).avoid_nodes == ()
+
+
+def test_straggler_reported_once_per_culprit_set() -> None:
+    m = _mon()
+    rep = _report(Verdict.STRAGGLER, (1,))
+    assert m.keep_straggler(rep) and not m.keep_straggler(rep)
+    assert not m.keep_straggler(_report(Verdict.NOT_JOINED))
