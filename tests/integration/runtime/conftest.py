@@ -106,7 +106,7 @@ def submit(store: Store, spec: dict[str, Any]) -> str:
 
 
 def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
-             timeout_s: float = 90.0, what: str = "") -> Any:
+             timeout_s: float = 180.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout_s
     job = store.get_job(job_id)
     while time.monotonic() < deadline:
@@ -120,6 +120,6 @@ def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
                          f"events {events}")
 
 
-def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 90.0) -> Any:
+def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 180.0) -> Any:
     return wait_for(store, job_id, lambda j: j.state in states, timeout_s=timeout_s,
                     what="/".join(states))
