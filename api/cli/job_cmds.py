@@ -114,7 +114,7 @@ def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
 
 
 def _event_line(event: Event) -> str:
-    change = f"{event.src} -> {event.dst}" if event.dst else event.kind
+    change = f"{event.src or ''} -> {event.dst}".lstrip() if event.dst else event.kind
     reason = f" [{event.reason}]" if event.reason else ""
     return f"{event.at.isoformat(timespec='seconds')}  {change}{reason}  {event.message}"
 

@@ -42,7 +42,7 @@ def test_cli_job_commands_find_server_through_data_dir(server: Server, tmp_path:
 
     events = run_cli("events", job["id"], data_dir=d)
     assert events.returncode == 0
-    assert "None -> QUEUED [SUBMITTED]" in events.stdout
+    assert "  -> QUEUED [SUBMITTED]" in events.stdout
     assert "QUEUED -> CANCELLED [USER_CANCELLED]" in events.stdout
 
     only = run_cli("list", "--state", "cancelled", "--name", name, "--json", data_dir=d)
