@@ -1,6 +1,7 @@
 """The dashboard against a `meshyard serve` that really runs jobs (local Ray, gloo on CPU):
 a submitted job appears, goes RUNNING and SUCCEEDED on the open page without a reload, its
-detail page shows the real ranks, metrics and logs; a running job is cancelled by the button.
+detail page shows the real ranks, metrics and logs; a running job is cancelled by the button;
+an injected hang is diagnosed by the watchdog and its culprit is highlighted.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def tiny_job(name: str, steps: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with run_server(tmp_path_factory.mktemp("meshyard-e2e-rt"), scheduler=True) as s:
+    with run_server(tmp_path_factory.mktemp("meshyard-e2e-rt"), scheduler=True,
+                    extra_args=("--allow-fault-injection",)) as s:
         yield s
 
 
@@ -89,3 +91,35 @@ def test_cancel_a_running_job_with_the_button(page: Any, server: Server) -> None
     page.locator("#events li").filter(has_text="USER_CANCELLED").first.wait_for()
     record = server.store.get_job(job_id)
     assert record is not None and record.state.value == "CANCELLED"
+
+
+def test_injected_hang_diagnosis_highlights_the_culprit(page: Any, server: Server,
+                                                        artifacts_dir: Path) -> None:
+    spec = tiny_job("real-hang", steps=8)
+    spec["parallelism"] = {"dp_replicate": 3}
+    spec["checkpoint"] = {"enabled": False}
+    spec["fault_tolerance"] = {"max_failures": 0, "init_timeout_s": 60,
+                               "collective_timeout_s": 60}
+    spec["watchdog"] = {"stall_timeout_s": 3, "first_step_timeout_s": 120, "action": "fail"}
+    spec["inject_fault"] = {"kind": "hang", "rank": 1, "step": 3}
+    with server.client() as api:
+        resp = api.post("/v1/jobs", json=spec)
+        assert resp.status_code == 201, resp.text
+        job_id = resp.json()["id"]
+    page.goto(f"/jobs/{job_id}")
+    page.locator("#diagnosis").wait_for(state="visible", timeout=RUN_MS)
+    assert "Rank 1" in page.locator("#diag-summary").inner_text()
+    assert page.locator("#diag-verdict").inner_text() == "NOT_JOINED"
+    page.locator('.pm-gpu.culprit[data-rank="1"]').wait_for()
+    assert page.locator(".pm-gpu.culprit").count() == 1
+    page.locator("tr#rank-1.culprit").wait_for()
+    assert page.locator("#rank-body tr.culprit").count() == 1
+    page.wait_for_function("() => document.getElementById('job-state').textContent "
+                           "=== 'FAILED'", timeout=RUN_MS)
+    assert page.locator("#diag-evidence tr").count() == 3
+    assert page.locator("#diag-artifacts a").count() >= 1
+    with page.expect_download() as dl:
+        page.locator("#diag-artifacts a").first.click()
+    assert Path(dl.value.path()).stat().st_size > 0
+    shoot(page, artifacts_dir, "real-hang")
+    assert page.errors == []

@@ -54,10 +54,20 @@ window.MYDiagnosis = (function () {
     return box;
   }
 
+  // The longest directory prefix all paths share ("/a/b/" for /a/b/x and /a/b/c/y).
+  function commonDir(paths) {
+    if (paths.length < 2) return "";
+    let prefix = paths[0];
+    for (const p of paths) while (!p.startsWith(prefix)) prefix = prefix.slice(0, -1);
+    return prefix.slice(0, prefix.lastIndexOf("/") + 1);
+  }
+
   function render(jobId, items) {
     const section = document.getElementById("diagnosis");
     if (!items.length) { section.hidden = true; return new Set(); }
-    const latest = items[0]; // the API lists newest first
+    // Newest = highest id, whichever order the API lists them in.
+    const byAge = [...items].sort((a, b) => b.id - a.id);
+    const latest = byAge[0];
     const r = latest.report || {};
     const culprits = new Set(latest.culprit_ranks || []);
     section.hidden = false;
@@ -104,15 +114,19 @@ window.MYDiagnosis = (function () {
 
     const arts = document.getElementById("diag-artifacts");
     clear(arts);
-    (r.artifacts || []).forEach((path, i) => arts.appendChild(el("li", {},
-      el("a", { href: `/jobs/${encodeURIComponent(jobId)}/artifacts/${latest.id}/${i}`, class: "mono" }, path))));
+    const paths = r.artifacts || [];
+    const dir = commonDir(paths);
+    document.getElementById("diag-artifact-dir").textContent = dir ? "in " + dir : "";
+    paths.forEach((path, i) => arts.appendChild(el("li", {},
+      el("a", { href: `/jobs/${encodeURIComponent(jobId)}/artifacts/${latest.id}/${i}`, class: "mono", title: path },
+        dir ? path.slice(dir.length) : path))));
     if (!arts.firstChild) arts.appendChild(el("li", { class: "muted" }, "none"));
 
     const older = document.getElementById("diag-older");
     clear(older);
     if (items.length > 1) {
       const d = el("details", {}, el("summary", {}, `${items.length - 1} earlier diagnosis(es)`));
-      for (const it of items.slice(1)) {
+      for (const it of byAge.slice(1)) {
         d.appendChild(el("p", {}, `attempt ${it.attempt} · ${it.verdict} · ranks ${(it.culprit_ranks || []).join(", ") || "–"}: ${it.summary}`));
       }
       older.appendChild(d);

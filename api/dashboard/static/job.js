@@ -192,7 +192,7 @@
 
   async function loadDiagnoses() {
     const data = await api(base + "/diagnoses");
-    const latest = data.items.length ? data.items[data.items.length - 1].id : null;
+    const latest = data.items.length ? Math.max(...data.items.map((d) => d.id)) : null;
     if (latest === state.diagId) return;
     state.diagId = latest;
     state.culprits = window.MYDiagnosis.render(jobId, data.items);
