@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 SERVER_FILE = "server.json"
 ADMIN_TOKEN_FILE = "admin.token"
 M = TypeVar("M", bound=BaseModel)
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
 class MeshyardAPIError(RuntimeError):
@@ -160,6 +162,19 @@ class MeshyardClient:
 
     def get_job(self, job_id: str) -> Job:
         return self._request("GET", f"/v1/jobs/{job_id}", Job)
+
+    def wait(self, job_id: str, *, states: frozenset[str] = TERMINAL, timeout_s: float = 600.0,
+             poll_s: float = 0.5) -> Job:
+        """Polls until the job is in one of `states` (default: finished); TimeoutError after
+        `timeout_s` with the last state in the message."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get_job(job_id)
+            if job.state.value in states:
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{job_id} still {job.state.value} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
 
     def cancel(self, job_id: str) -> Job:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel", Job)

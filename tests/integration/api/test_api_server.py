@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.integration.api.conftest import REPO, Server, Users
 
@@ -222,3 +223,21 @@ def test_admin_token_file_is_private(server: Server) -> None:
     token_file: Path = server.data_dir / "admin.token"
     assert token_file.stat().st_mode & 0o777 == 0o600
     assert token_file.read_text().strip().startswith("msy_")
+
+
+def test_python_client_round_trip(server: Server, users: Users) -> None:
+    from api.client import MeshyardAPIError, MeshyardClient
+
+    name = "client-" + secrets.token_hex(4)
+    with MeshyardClient(server.url, users.alice) as client:
+        job = client.submit({**SPEC, "name": name}, submission_id=name)
+        assert job.created and client.submit({**SPEC, "name": name}, submission_id=name).id \
+            == job.id
+        assert [j.id for j in client.iter_jobs(name=name, limit=1)] == [job.id]
+        assert client.cancel(job.id).state.value == "CANCELLED"
+        assert client.wait(job.id, timeout_s=5).state.value == "CANCELLED"
+        assert [e.dst for e in client.events(job.id)] == ["QUEUED", "CANCELLED"]
+        assert client.metrics(job.id).items == [] and client.cluster().total_gpus >= 0
+    with MeshyardClient(server.url, users.bob) as other, pytest.raises(MeshyardAPIError) as err:
+        other.get_job(job.id)
+    assert err.value.status == 404 and err.value.problem["instance"] == f"/v1/jobs/{job.id}"
