@@ -167,9 +167,9 @@ def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
     """Serves only a path a stored diagnosis lists, and only from under the data dir: the URL
     names an index, never a path."""
     job = store.get_job(job_id[:100], viewer=session.user)
-    found = [d for d in store.list_diagnoses(job.id)
-             if d.id == diagnosis_id] if job is not None else []
-    paths = found[0].report.get("artifacts") or [] if found else []
+    diagnoses = store.list_diagnoses(job.id) if job is not None else []
+    found = next((d for d in diagnoses if d.id == diagnosis_id), None)
+    paths = list(found.report.get("artifacts") or []) if found is not None else []
     if not 0 <= index < len(paths):
         raise NotFound("no such artifact")
     data_dir = request.app.state.settings.data_dir.resolve()
