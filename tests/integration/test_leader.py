@@ -215,7 +215,7 @@ def test_replicas_starting_together_migrate_once(postgres_url: str) -> None:
     code = "import sys; from orchestrator.store.db import upgrade_database; " \
            "upgrade_database(sys.argv[1])"
     procs = [subprocess.Popen([sys.executable, "-c", code, postgres_url],
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     errors = []
     for proc in procs:
         _, err = proc.communicate(timeout=120)
