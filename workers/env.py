@@ -174,4 +174,7 @@ def set_collective_timeout(seconds: float) -> None:
 
     td = timedelta(seconds=seconds)
     for pg in list(c10d._world.pg_map.keys()):
-        c10d._set_pg_timeout(td, pg)
+        try:
+            c10d._set_pg_timeout(td, pg)
+        except ValueError:  # a group this rank is not a member of
+            continue

@@ -102,8 +102,17 @@ def reference(spec_path: Path, *, steps: int | None = None) -> list[dict[str, An
     cb = Collect()
     import tempfile
 
-    with tempfile.TemporaryDirectory() as d:
-        run_training(spec, out_dir=d, callbacks=cb, reference=True, steps=steps)
+    import torch
+
+    # One intra-op thread, like the workers (OMP_NUM_THREADS=1): no oversubscription on a
+    # shared 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            run_training(spec, out_dir=d, callbacks=cb, reference=True, steps=steps)
+    finally:
+        torch.set_num_threads(threads)
     return cb.steps
 
 

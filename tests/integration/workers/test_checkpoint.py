@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.integration.workers.launch_helpers import (
     assert_ok,
     assert_parity,
@@ -31,6 +33,7 @@ from workers.checkpoint import complete_steps
 CKPT = {"enabled": True, "every_steps": 3, "keep": 2, "async_save": True}
 
 
+@pytest.mark.slow  # two 2-rank launches of three specs each
 def test_resume_and_ddp_to_fsdp(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     phase1 = [

@@ -97,6 +97,7 @@ def test_zero1_uses_zero_redundancy_optimizer(ws2: dict[str, tuple[Path, Path]])
     assert "optimizer=ZeroRedundancyOptimizer" in _rank_log(ws2["zero1"][1])
 
 
+@pytest.mark.slow  # one 4-rank launch of six specs: ~20 s alone on 2 cores
 @pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", "ddp4", "fsdp4", "zero1-2x2",
                                   "fsdp-tp-sp-ac"])
 def test_four_rank_parity(ws4: dict[str, tuple[Path, Path]], name: str) -> None:
