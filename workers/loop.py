@@ -12,9 +12,10 @@ One step::
     optimizer loss all-reduce (fault hook: hang / mismatch / desync), clip, optimizer.step
     checkpoint every N steps (DCP, async where allowed)
 
-The loop's own collective per step is one all-reduce of [loss_sum, count] over the world, so
-the logged loss is the global mean whatever the layout (TP ranks count the same loss once
-each, non-last pipeline stages contribute zero).
+The loop's own collective per step is one all-reduce of [loss_sum, count, stop votes] over the
+world, so the logged loss is the global mean whatever the layout (TP ranks count the same loss
+once each, non-last pipeline stages contribute zero), and a ``stop_event`` set on any rank
+stops every rank after the same step (with a checkpoint when checkpointing is on).
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
            callbacks: TrainingCallbacks, attempt: int) -> _Run:
     mesh = build_mesh(dims, device_type=device.type) if env.world_size > 1 else None
     n_params = sum(p.numel() for p in built.module.parameters())  # before sharding
-    faults = FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
+    # The reference baseline never misbehaves, whatever the spec injects into the real job.
+    faults = FaultInjector(None, rank=0) if reference else \
+        FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
 
     def chunk(m: torch.nn.Module) -> torch.nn.Module:
         return parallelize(m, built=built, spec=spec, dims=dims, mesh=mesh, device=device)
@@ -168,11 +171,18 @@ def _mfu_factor(spec: JobSpec, *, n_params: int, device: torch.device,
     return mfu.mfu(tokens_per_s=1.0, flops_per_token=fpt, peak=peak, world_size=world)
 
 
-def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
-    """Global mean loss via one all-reduce of [sum, count]; the loop's fault-injection point."""
-    vals = torch.zeros(2, device=run.device)
+def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int, *,
+                 stop: bool) -> tuple[float, bool]:
+    """One all-reduce of [loss sum, count, stop votes] -> (global mean loss, any rank asked to
+    stop). The loop's fault-injection point.
+
+    Stopping rides on this collective so that every rank stops after the same step: a cancel
+    reaching the ranks a few ms apart must not leave one rank in the next step's collectives.
+    """
+    vals = torch.zeros(3, device=run.device)
     if loss is not None:
         vals[0], vals[1] = loss, 1.0
+    vals[2] = float(stop)
     if run.world > 1:
         action = run.faults.before_collective(step)
         if action == CollectiveAction.MISMATCH:
@@ -181,17 +191,18 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int) -> float:
             # gloo SIGABRTs a rank on a size mismatch: the announced op is its evidence.
             announce_step_collective("all_reduce", vals)
             dist.all_reduce(vals)
-    return float(vals[0] / vals[1].clamp(min=1.0))
+    loss_sum, count, votes = vals[:3].tolist()
+    return loss_sum / max(count, 1.0), votes > 0
 
 
-def _one_step(run: _Run, step: int) -> dict[str, Any]:
+def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     run.progress.enter(Phase.DATA, step)
     run.faults.before_step(step)
     batches = run.data.batches(step)
     loss = run.runner.train_step(batches, step=step, progress=run.progress)
     run.progress.enter(Phase.OPTIMIZER)
-    loss_value = _reduce_loss(run, loss, step)
+    loss_value, stop = _reduce_loss(run, loss, step, stop=stop_requested)
     # The runner clips: a pipeline rank holds only its stages' parameters and sums the norm
     # over the pp group so clipping matches the whole model.
     grad_norm = run.runner.clip_grad_norm(run.spec.training.grad_clip)
@@ -201,7 +212,7 @@ def _one_step(run: _Run, step: int) -> dict[str, Any]:
     out: dict[str, Any] = {"step": step, "loss": loss_value, "time": time.time(),
                            "step_time_s": dt,
                            "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
-                           "lr": run.spec.training.lr}
+                           "lr": run.spec.training.lr, "stop": stop}
     if run.mfu_per_tokens_per_s is not None:
         out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
     return out
@@ -217,10 +228,9 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
     step = start
     stopped = False
     for step in range(start + 1, total + 1):
-        if stop_event is not None and stop_event.is_set():
-            stopped, step = True, step - 1
-            break
-        metrics = _one_step(run, step)
+        metrics = _one_step(run, step,
+                            stop_requested=stop_event is not None and stop_event.is_set())
+        stopped = metrics.pop("stop") and step < total
         last_loss = metrics["loss"]
         if step == start + 1:
             # Init and the first step (compilation, allocator warm-up, lazy groups) are done:
@@ -228,7 +238,11 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
             set_collective_timeout(run.spec.fault_tolerance.collective_timeout_s)
         run.callbacks.on_step(metrics)
         run.progress.enter(Phase.CHECKPOINT)
-        ckpt.maybe_save(step, final=step == total)
+        # A stop (cancel / preemption) saves where it is, so a later attempt resumes there.
+        ckpt.maybe_save(step, final=step == total or stopped)
+        if stopped:
+            run.callbacks.on_log("INFO", f"stopped on request after step {step}")
+            break
     run.progress.enter(Phase.CHECKPOINT)
     ckpt.wait()
     return TrainingResult(first_step=start + 1, last_step=step, last_loss=last_loss,
