@@ -173,7 +173,7 @@ class HangWatch:
 
         from workers.diagnostics import collect_node_evidence
 
-        task = ray.remote(num_cpus=0)(collect_node_evidence)
+        task: Any = ray.remote(num_cpus=0)(collect_node_evidence)  # type: ignore[arg-type]
         nodes = {info["node_id"]: info.get("node") for info in gang.ranks.values()}
         refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
                 .remote(self.cfg.run_dir, stamp=stamp, node=name) for nid, name in nodes.items()]

@@ -42,6 +42,7 @@ from orchestrator.watchdog.flight_recorder import parse_dump
 from orchestrator.watchdog.logs import parse_lines
 
 _C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
+_SCHEDULES_FILE = os.path.join("torch", "distributed", "pipelining", "schedules.py")
 _P2P_OPS = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
 _GROUP_PEER = {"send": "group_dst", "recv": "group_src", "isend": "group_dst",
                "irecv": "group_src"}
@@ -111,9 +112,22 @@ def _jsonable(v: Any) -> Any:
 def _trim_dump(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Keep the newest entries with their top frames: the summary travels over Ray."""
     out = {k: v for k, v in raw.items() if k != "entries"}
-    entries = list(raw.get("entries") or ())[-_MAX_SUMMARY_ENTRIES:]
+    entries = _this_job(list(raw.get("entries") or ()))[-_MAX_SUMMARY_ENTRIES:]
     out["entries"] = [{**e, "frames": list(e.get("frames") or ())[:4]} for e in entries]
     return _jsonable(out)
+
+
+def _this_job(entries: list[Any]) -> list[Any]:
+    """Entries since the current default group began. The recorder is per process and has no
+    reset: a reused (warm-pool) worker still holds the previous job's entries, whose group
+    ids and seqs ("0", 1, 2, ...) collide with this job's. Seq 1 on the default group marks
+    the start of a job; anything recorded before the newest one belongs to an older group."""
+    start = 0
+    for i, e in enumerate(entries):
+        pg = e.get("process_group") if isinstance(e, Mapping) else None
+        if pg and str(pg[0]) == "0" and e.get("collective_seq_id") == 1:
+            start = i
+    return entries[start:]
 
 
 def _target_thread(frames: Mapping[int, FrameType]) -> int:
@@ -155,11 +169,41 @@ def _tensor_meta(t: Any) -> tuple[list[list[int]], list[str]]:
     return sizes, dtypes
 
 
+def _schedule_p2p(frame: FrameType | None) -> dict[str, Any] | None:
+    """A pipeline schedule blocked waiting on its batched send/recv works: the P2POps named
+    on the schedule's current line (`_wait_batch_p2p(_batch_p2p(fwd_recvs, ...))`). The wait
+    itself is in Work.wait, below any torch.distributed API frame, so only the schedule's
+    locals say what it waits for."""
+    import linecache
+
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_SCHEDULES_FILE):
+            line = linecache.getline(code.co_filename, frame.f_lineno)
+            if "p2p" in line or "wait" in line:
+                for name, value in frame.f_locals.items():
+                    if name in line and isinstance(value, list | tuple) and value and all(
+                            type(v).__name__ == "P2POp" for v in value):
+                        return _p2p_op_dict(value[0])
+        frame = frame.f_back
+    return None
+
+
+def _p2p_op_dict(p2p: Any) -> dict[str, Any]:
+    fn = getattr(getattr(p2p, "op", None), "__name__", "p2p")
+    op = "recv" if "recv" in fn else "send" if "send" in fn else fn
+    sizes, dtypes = _tensor_meta(getattr(p2p, "tensor", None))
+    peer = getattr(p2p, "peer", None)
+    return {"op": op, "pg": _group_id(getattr(p2p, "group", None)), "seq": None,
+            "is_p2p": True, "peer": int(peer) if peer is not None else None, "sizes": sizes,
+            "dtypes": dtypes, "source": "stack"}
+
+
 def pending_op(frame: FrameType | None) -> dict[str, Any] | None:
     """The torch.distributed call a thread is blocked in, from the frame's locals."""
     f = _c10d_frame(frame)
     if f is None:
-        return None
+        return _schedule_p2p(frame)
     name = f.f_code.co_name
     loc = dict(f.f_locals)
     tensor = loc.get("tensor", loc.get("tensor_list", loc.get("output_tensor")))
@@ -398,12 +442,13 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     return ann
 
 
-def announce_step_collective(op: str, tensor: Any) -> None:
+def announce_step_collective(op: str, tensor: Any, *, exact_seq: bool = True) -> None:
     """Per-step announcement for the training loop's own collective on the default group:
     cheap (~0.1 ms) because the seq comes from the Flight Recorder's pg_status (no entries;
     a dump with entries costs ~150 ms at 2,000 entries). Also registers the calling thread as
     the training thread. A no-op outside a meshyard worker (no MESHYARD_RUN_DIR) and never
-    raises: it must not slow or fail a step."""
+    raises: it must not slow or fail a step. gloo's pg_status counts send/recv too, so a job
+    whose pipeline p2p runs on the default group passes `exact_seq=False` (no seq)."""
     global _training_thread
     _training_thread = threading.get_ident()
     run_dir, rank = os.environ.get("MESHYARD_RUN_DIR"), os.environ.get("RANK")
@@ -417,7 +462,8 @@ def announce_step_collective(op: str, tensor: Any) -> None:
         status = pickle.loads(raw).get("pg_status", {}).get("0", {})  # noqa: S301
         last = int(status.get("last_enqueued_collective", -1))
         sizes, dtypes = _tensor_meta(tensor)
-        ann = {"op": op, "pg": "0", "seq": last + 1 if last >= 0 else None, "is_p2p": False,
+        seq = last + 1 if last >= 0 and exact_seq else None
+        ann = {"op": op, "pg": "0", "seq": seq, "is_p2p": False,
                "peer": None, "sizes": sizes, "dtypes": dtypes, "source": "announce",
                "time_s": time.time()}
         d = _live_dir(run_dir, int(rank))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -18,7 +17,7 @@ DEFAULT = "show"
 
 
 class _DefaultGroup(TyperGroup):
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] not in self.commands:
             args.insert(0, DEFAULT)
         return super().resolve_command(ctx, args)
