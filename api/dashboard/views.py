@@ -100,8 +100,7 @@ def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
               nodes: Sequence[NodeRecord]) -> tuple[dict[str, Any], str]:
     """Per-dimension estimate from where the ranks run, or ({}, why not)."""
     if len(ranks) != mesh.world_size:
-        return {}, ("Estimated times need every rank placed (reload the page once the job "
-                    "runs).")
+        return {}, "Estimated times appear once every rank is placed."
     if not nodes or any(r.node is None or r.gpu is None for r in ranks):
         return {}, "No estimate: ranks run without GPUs or the cluster topology is unknown."
     try:

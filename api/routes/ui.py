@@ -10,12 +10,19 @@ scripts and styles come only from /static, so nothing inline ever runs.
 from __future__ import annotations
 
 import mimetypes
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.templating import Jinja2Templates
 
 from api.dashboard import views
@@ -140,12 +147,21 @@ def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep
     if job is None:
         return page(request, "not_found.html", status=404, session=session,
                     what=f"job {job_id[:100]}")
-    ranks = store.list_ranks(job.id)
-    nodes = store.list_nodes()
     return page(request, "job.html", session=session, active="jobs", job=job,
                 spec_yaml=views.spec_yaml(job.spec),
-                comm=views.comm_signature(job, ranks=ranks, nodes=nodes),
-                levels=views.cluster_levels(nodes))
+                levels=views.cluster_levels(store.list_nodes()))
+
+
+@router.get("/jobs/{job_id}/comm.json")
+def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
+    """The communication signature (cost model) on the job's current placement; the page
+    fetches it again whenever the ranks move. Not in /v1: it is a view, not a resource."""
+    job = store.get_job(job_id[:100], viewer=session.user)
+    if job is None:
+        raise NotFound(f"job {job_id[:100]!r} not found")
+    comm = views.comm_signature(job, ranks=store.list_ranks(job.id), nodes=store.list_nodes())
+    body = {"available": False} if comm is None else {"available": True, **asdict(comm)}
+    return secure(JSONResponse(body))
 
 
 @router.get("/cluster", response_class=HTMLResponse)

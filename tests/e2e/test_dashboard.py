@@ -251,7 +251,8 @@ def test_pagination_and_owner_filter(page: Any, server: Server) -> None:
     assert page.locator("#page-label").inner_text() == "page 1"
 
 
-def test_queued_job_says_why_it_is_pending(page: Any, server: Server) -> None:
+def test_queued_job_says_why_it_is_pending_then_shows_its_placement(
+        page: Any, server: Server, nodes: list[str]) -> None:
     job = submit(server.store, spec_doc("waits", dp_replicate=4))
     server.store.set_pending_reason(job.id, {"kind": "waiting", "message": "needs 4 GPUs; 1 free",
                                              "free_gpus": 1})
@@ -259,6 +260,14 @@ def test_queued_job_says_why_it_is_pending(page: Any, server: Server) -> None:
     page.locator("#pending").wait_for(state="visible")
     text = page.locator("#pending-text").inner_text()
     assert "needs 4 GPUs; 1 free" in text and "free_gpus: 1" in text
+    assert "once every rank is placed" in page.locator("#comm-note").inner_text()
+    # Placed while the page is open: the map, the cost estimate and the header follow.
+    server.store.set_pending_reason(job.id, None)
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    place(server.store, job, nodes[5:6])
+    page.locator("#comm-table", has_text="NV18").wait_for()
+    page.wait_for_function("() => document.querySelectorAll('.pm-gpu.used').length === 4")
+    assert page.locator("#pending").is_hidden()
 
 
 def test_512_ranks_table_filter_and_map(page: Any, server: Server) -> None:

@@ -14,7 +14,7 @@
     job: null, lastEvent: 0, lastLog: 0, logRank: "", logLines: [],
     steps: new Map(), maxStep: -1,
     ranks: [], rankRows: new Map(), mapKey: "", culprits: new Set(), diagId: null,
-    nodes: null, nodesKey: "", terminalPolls: 0,
+    nodes: null, nodesKey: "", terminalPolls: 0, commKey: null,
   };
 
   // ---- header -------------------------------------------------------------------------
@@ -178,6 +178,8 @@
     updateRanks();
     const mapKey = state.ranks.map((r) => [r.attempt, r.rank, r.node, r.gpu, r.state].join(":")).join("|") + "#" + [...state.culprits].join(",");
     if (mapKey !== state.mapKey) {
+      const placement = state.ranks.map((r) => [r.rank, r.node, r.gpu].join(":")).join("|");
+      if (placement !== state.commKey) { await loadComm(); state.commKey = placement; }
       await loadNodes(state.ranks.map((r) => r.node || ""));
       state.mapKey = mapKey;
       window.MYPlacement.render(document.getElementById("placement-map"), state.ranks, state.nodes, {
@@ -188,6 +190,23 @@
       document.getElementById("placement-note").textContent = state.ranks.length
         ? `${state.ranks.length} ranks on ${nodesUsed} node(s), attempt ${state.ranks[0].attempt}` : "";
     }
+  }
+
+  // ---- communication signature (server-side cost model, redone when the ranks move) ------
+  async function loadComm() {
+    const data = await api("/jobs/" + encodeURIComponent(jobId) + "/comm.json");
+    const note = document.getElementById("comm-note");
+    const body = document.getElementById("comm-body");
+    clear(body);
+    if (!data.available) { note.textContent = "The cost model cannot read this job's spec."; return; }
+    note.textContent = data.note;
+    for (const r of data.rows) {
+      body.appendChild(el("tr", {}, el("td", {}, r.dimension), el("td", { class: "num" }, String(r.participants)),
+        el("td", {}, r.primitive), el("td", { class: "num" }, r.bytes_per_call),
+        el("td", { class: "num" }, String(r.calls_per_step)), el("td", { class: "num" }, r.overlap),
+        el("td", { class: "num" }, r.est_time), el("td", {}, r.bottleneck)));
+    }
+    if (!data.rows.length) body.appendChild(el("tr", {}, el("td", { colspan: "8", class: "muted" }, "No communication (one rank).")));
   }
 
   async function loadDiagnoses() {

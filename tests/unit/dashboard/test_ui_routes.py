@@ -192,17 +192,29 @@ def test_artifact_download_serves_only_listed_files_under_the_data_dir(
     assert client.get(f"/jobs/{jobs['queued'].id}/artifacts/{d.id}/0").status_code == 404
 
 
-def test_job_page_shows_spec_comm_signature_and_pending_data(
-        client: TestClient, jobs: dict[str, JobRecord]) -> None:
+def test_job_page_shows_spec_and_levels(client: TestClient,
+                                        jobs: dict[str, JobRecord]) -> None:
     login(client)
     r = client.get(f"/jobs/{jobs['running'].id}")
     assert "name: tp4-pp2-dp2" in r.text and "pp_microbatches: 2" in r.text
-    table = re.search(r'id="comm-table".*?</table>', r.text, re.S)
-    assert table is not None
-    rows = re.findall(r"<tr><td>(\w+)</td>", table.group(0))
-    assert rows == ["tp", "dp_replicate", "pp"]
-    assert "NV18" in table.group(0) and "IB@leaf" in table.group(0)
     assert 'data-levels="leaf,spine"' in r.text
+
+
+def test_comm_signature_json_estimates_on_the_placement(client: TestClient, store: Store,
+                                                        jobs: dict[str, JobRecord]) -> None:
+    login(client)
+    r = client.get(f"/jobs/{jobs['running'].id}/comm.json")
+    assert r.status_code == 200 and r.headers["content-security-policy"]
+    body = r.json()
+    assert body["available"] is True
+    assert [row["dimension"] for row in body["rows"]] == ["tp", "dp_replicate", "pp"]
+    links = {row["dimension"]: row["bottleneck"] for row in body["rows"]}
+    assert links["tp"].startswith("NV18") and links["pp"].startswith("IB@leaf")
+    assert "Estimated per step" in body["note"]
+    queued = client.get(f"/jobs/{jobs['queued'].id}/comm.json").json()
+    assert all(row["est_time"] == "" for row in queued["rows"])
+    login(client, store.create_token("dave"))
+    assert client.get(f"/jobs/{jobs['running'].id}/comm.json").status_code == 404
 
 
 def test_cluster_page_shows_usage_tree_and_hides_other_users_jobs(

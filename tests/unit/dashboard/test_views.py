@@ -69,7 +69,7 @@ def test_comm_signature_without_placement_has_rows_but_no_time() -> None:
     comm = views.comm_signature(j, ranks=[], nodes=[])
     assert comm is not None
     assert [r.dimension for r in comm.rows] == ["tp", "dp_replicate"]
-    assert all(r.est_time == "" for r in comm.rows) and "every rank placed" in comm.note
+    assert all(r.est_time == "" for r in comm.rows) and "once every rank is placed" in comm.note
 
 
 def test_comm_signature_of_a_single_rank_is_empty() -> None:
