@@ -54,6 +54,19 @@ _COLLECTIVE_OPS = {
 }
 _MAX_SUMMARY_ENTRIES = 500
 _training_thread: int | None = None
+_TORCH: Any = None
+
+
+def _torch() -> Any:
+    """torch, imported once and kept: the worker actor drops the modules a job imported when
+    the job ends (warm-pool isolation), and re-importing torch's C extension afterwards fails
+    ("bad call flags"), while diagnostics of a failed run still read its Flight Recorder."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = torch
+    return _TORCH
 
 
 def mark_training_thread(ident: int | None = None) -> None:
@@ -70,8 +83,7 @@ def fr_dump_bytes(*, stack_traces: bool = False) -> bytes | None:
     2.5 s (10 s on a loaded 2-core machine, measured with torch 2.13), and the thread stacks
     collected alongside already say where each rank is blocked.
     """
-    import torch
-
+    torch = _torch()
     c10d = torch._C._distributed_c10d
     nccl = getattr(c10d, "_dump_nccl_trace", None)
     if nccl is not None and torch.cuda.is_available():
@@ -221,8 +233,7 @@ def pending_op(frame: FrameType | None) -> dict[str, Any] | None:
 
 def _global_rank(group: Any, group_rank: int) -> int | None:
     try:
-        import torch.distributed as dist
-
+        dist = _torch().distributed
         return int(dist.get_global_rank(group, group_rank)) if group is not None else group_rank
     except Exception:  # noqa: BLE001
         return None
@@ -232,8 +243,7 @@ def process_groups() -> dict[str, dict[str, Any]]:
     """This process's groups keyed like the Flight Recorder keys them (group_name), with their
     GLOBAL ranks in group-rank order and description — gloo dumps leave pg_config empty."""
     try:
-        from torch.distributed import distributed_c10d as c10d
-
+        c10d = _torch().distributed.distributed_c10d
         out = {}
         for pg, name in dict(c10d._world.pg_names).items():
             ranks = c10d._world.pg_group_ranks.get(pg, {})
@@ -423,8 +433,7 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     pg = _group_id(group)
     seq = None
     try:
-        import torch
-
+        torch = _torch()
         data = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
             True, False, False)
         last = parse_dump(pickle.loads(data)).last_enqueued(pg)  # noqa: S301
@@ -455,8 +464,7 @@ def announce_step_collective(op: str, tensor: Any, *, exact_seq: bool = True) ->
     if not run_dir or rank is None:
         return
     try:
-        import torch
-
+        torch = _torch()
         raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
             includeCollectives=False, includeStackTraces=False)
         status = pickle.loads(raw).get("pg_status", {}).get("0", {})  # noqa: S301
