@@ -109,8 +109,10 @@ class WorkerPool:
         return kept
 
     def ready(self) -> dict[str, int]:
+        """Idle warm actors per CPU-only node (0 for a node still filling)."""
+        nodes = self._cpu_nodes()
         with self._lock:
-            return {node: len(v) for node, v in self._idle.items()}
+            return {node: len(self._idle.get(node, [])) for node in nodes}
 
 
 RemotePool: Any = ray.remote(  # type: ignore[call-overload]

@@ -8,6 +8,9 @@ Start order: connect → register nodes + topology → reconcile (reattach to li
 name — the poller does that on its first pass — and sweep orphans) → scheduler and poller
 threads. Stop order: threads, then Ray (only if this process started it). Controllers are
 detached: they keep training while the control plane is down and are picked up again.
+
+Warm pool (orchestrator/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WARM_POOL=N for
+`meshyard serve`, keeps N pre-started worker actors per CPU-only node for CPU jobs.
 """
 
 from __future__ import annotations
@@ -235,7 +238,7 @@ class Runtime:
 
 
     def wait_for_pool(self, *, timeout_s: float = 120.0) -> dict[str, int]:
-        """Blocks until the warm pool holds `warm_pool` ready actors on some node."""
+        """Blocks until the warm pool holds `warm_pool` ready actors on every CPU node."""
         import ray
 
         from orchestrator.pool import find_pool
@@ -245,7 +248,7 @@ class Runtime:
         while time.monotonic() < deadline:
             pool = find_pool()
             ready = ray.get(pool.ready.remote(), timeout=10) if pool is not None else {}
-            if ready and max(ready.values()) >= self.warm_pool:
+            if ready and min(ready.values()) >= self.warm_pool:
                 return ready
             time.sleep(0.2)
         raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")

@@ -1,4 +1,4 @@
-"""Shared fixtures: one simulated Ray cluster per test module (startup costs seconds).
+"""Shared fixtures: one simulated Ray cluster for the package (startup costs seconds).
 
 Cluster: a CPU-only head plus GPU nodes with fake GPUs, labelled `meshyard.io/node` so the
 runtime joins them with the declared topology written next to the database.
@@ -58,14 +58,18 @@ def write_cluster_file(path: Path, nodes: dict[str, dict[str, Any]] = GPU_NODES)
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def ray_cluster() -> Iterator[Cluster]:
+    """One cluster for the whole package (a start costs 10-35 s on this loaded machine):
+    head (1 CPU), n1 and n2 (2 fake GPUs each), c1 (CPU only, where CPU jobs and the warm
+    pool go). Tests leave no job running; the runtime sweeps what a failed test left."""
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         for name, n in GPU_NODES.items():
             cluster.add_node(num_cpus=2, num_gpus=n["gpus"],
                              labels={"meshyard.io/node": name, "leaf": n["leaf"]})
+        cluster.add_node(num_cpus=2, labels={"meshyard.io/node": "c1"})
         ray.init(address=cluster.address, namespace="meshyard", log_to_driver=False)
         cluster.wait_for_nodes()
         yield cluster

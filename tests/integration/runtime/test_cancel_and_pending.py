@@ -12,9 +12,16 @@ from orchestrator.lifecycle import JobState
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_for, wait_state
 
 
-def _pg_gone(job_id: str) -> bool:
-    return all(p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
-               if p["name"].startswith(f"meshyard-pg-{job_id}-"))
+def _pg_gone(job_id: str, timeout_s: float = 60.0) -> bool:
+    """Every placement group of the job removed (removal is asynchronous in Ray; a group
+    left by a race is swept by the runtime within 30 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
+               if p["name"].startswith(f"meshyard-pg-{job_id}-")):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_cancel_while_running_stops_workers_and_frees_the_gang(runtime, store):

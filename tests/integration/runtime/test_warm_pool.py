@@ -1,5 +1,6 @@
 """Warm pool: pre-started worker actors are reused by the next job, carry nothing over from
-the previous one, and are replaced (not reused) after a failed job. CPU-only cluster."""
+the previous one, and are replaced (not reused) after a failed job. CPU jobs go to the
+CPU-only node c1 of the shared cluster, where the pool keeps its actors."""
 
 from __future__ import annotations
 
@@ -7,23 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
 from orchestrator.lifecycle import JobState
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_state
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Cluster]:
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 2, "include_dashboard": False})
-    try:
-        ray.init(address=cluster.address, namespace="meshyard", log_to_driver=False)
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.fixture()
