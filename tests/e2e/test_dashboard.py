@@ -124,7 +124,7 @@ def test_job_detail_shows_ranks_chart_and_placement(
     assert page.locator("#comm-table tbody tr").count() == 3  # tp, dp_replicate, pp
     assert "NV18" in page.locator("#comm-table").inner_text()
     page.locator("#log-tail").filter(has_text="rank 0 step 1").wait_for()
-    assert page.locator("#events li").count() >= 4
+    page.wait_for_function("() => document.querySelectorAll('#events li').length >= 4")
     shoot(page, artifacts_dir, "job-detail")
     assert page.errors == []
 
@@ -260,7 +260,7 @@ def test_queued_job_says_why_it_is_pending_then_shows_its_placement(
     page.locator("#pending").wait_for(state="visible")
     text = page.locator("#pending-text").inner_text()
     assert "needs 4 GPUs; 1 free" in text and "free_gpus: 1" in text
-    assert "once every rank is placed" in page.locator("#comm-note").inner_text()
+    page.locator("#comm-note", has_text="once every rank is placed").wait_for()
     # Placed while the page is open: the map, the cost estimate and the header follow.
     server.store.set_pending_reason(job.id, None)
     walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)

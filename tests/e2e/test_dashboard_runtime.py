@@ -63,8 +63,7 @@ def test_submitted_job_runs_to_success_live(page: Any, server: Server,
     assert seen[-1] == "SUCCEEDED", (seen, (server.data_dir / "serve.log").read_text()[-3000:])
     assert "RUNNING" in seen and seen.index("RUNNING") < seen.index("SUCCEEDED"), seen
     assert page.evaluate("window.__noReload") == 1
-    row = page.locator(f'tr[data-job-id="{job_id}"]')
-    assert "150 / 150" in row.inner_text()
+    page.locator(f'tr[data-job-id="{job_id}"]', has_text="150 / 150").wait_for()
 
     page.goto(f"/jobs/{job_id}")
     page.locator("#rank-body tr").nth(1).wait_for()
