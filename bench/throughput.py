@@ -1,6 +1,6 @@
 """Throughput: meshyard's training loop vs a minimal hand-written torchrun loop, one run.
 
-    .venv/bin/python bench/throughput.py [--steps 80] [--warmup 10] [--rounds 3]
+    .venv/bin/python bench/throughput.py [--steps 60] [--warmup 10] [--rounds 5]
 
 Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_replicate=2,
 25 MiB buckets, AdamW, grad clip 1.0), same launcher (torchrun, OMP_NUM_THREADS=1 per rank):
@@ -10,7 +10,8 @@ Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_r
   bench/launch_cputime.py, which only adds rank 0's CPU time to each metrics row);
 * ``meshyard_no_hb``  the same with the heartbeat thread effectively off (1e6 s interval).
 
-Two figures per run, each the median over ``--rounds`` alternating rounds:
+Two figures per run; the three alternate (order reversed every other round) for ``--rounds``
+rounds, and each ratio is the median of the per-round ratios:
 
 * wall: steps/s = 1 / the median step duration after ``--warmup`` steps, from the wall clock
   recorded at the end of every step (the same point in both loops);
@@ -207,9 +208,9 @@ def _measure(run: Any, *, steps: int, warmup: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     import torch
 
@@ -226,7 +227,10 @@ def main() -> None:
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(args.rounds):
-        for name, run in runs.items():
+        # Alternate the order too, so a load trend does not favour whoever runs first.
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for name in order:
+            run = runs[name]
             w, c = _measure(run, **m)
             wall[name].append(w)
             cpu[name].append(c)
@@ -241,6 +245,10 @@ def main() -> None:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("wall", "cpu", "heartbeat", "relative_to_ddp",
                                              "mfu")}, indent=2))
+
+
+def _median_ratio(num: list[float], den: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
 def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
@@ -259,14 +267,20 @@ def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
                    "device": device, "steps": args.steps,
                    "warmup": args.warmup, "rounds": args.rounds, "bucket_cap_mb": BUCKET_MB,
                    "grad_clip": GRAD_CLIP, "load_average": os.getloadavg()},
+        # Ratios are the median of per-round ratios: the two runs of a round ran minutes
+        # apart at most, under similar load.
         "wall": {"steps_per_s": med_w, "per_round": wall,
-                 "ratio_meshyard_vs_baseline": med_w["meshyard"] / med_w["baseline"]},
+                 "ratio_meshyard_vs_baseline": _median_ratio(wall["meshyard"],
+                                                             wall["baseline"])},
         "cpu": {"cpu_s_per_step": med_c, "per_round": cpu,
                 # Less CPU per step is faster: baseline / meshyard is the throughput ratio.
-                "ratio_meshyard_vs_baseline": med_c["baseline"] / med_c["meshyard"]},
+                "ratio_meshyard_vs_baseline": _median_ratio(cpu["baseline"],
+                                                            cpu["meshyard"])},
         "heartbeat": {
-            "end_to_end_overhead_wall": 1.0 - med_w["meshyard"] / med_w["meshyard_no_hb"],
-            "end_to_end_overhead_cpu": med_c["meshyard"] / med_c["meshyard_no_hb"] - 1.0,
+            "end_to_end_overhead_wall": 1.0 - _median_ratio(wall["meshyard"],
+                                                             wall["meshyard_no_hb"]),
+            "end_to_end_overhead_cpu": _median_ratio(cpu["meshyard"],
+                                                     cpu["meshyard_no_hb"]) - 1.0,
             "computed_overhead": computed_hb, **micro},
         "layouts": {k: {"steps_per_s": w, "cpu_s_per_step": c} for k, (w, c) in layouts.items()},
         "relative_to_ddp": {k: {"wall": w / ddp_w, "cpu": ddp_c / c}
