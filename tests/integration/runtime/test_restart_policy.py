@@ -1,0 +1,54 @@
+"""Restart policy decisions on a real store, without Ray: which nodes a restarted job avoids,
+and when failures turn into FAILED / MAX_FAILURES (the poller's policy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.lifecycle import JobState, Reason
+from orchestrator.planning import Pending, plan_job
+from orchestrator.poller import Poller
+from orchestrator.scheduler import Scheduler
+from orchestrator.spec import parse_spec
+from tests.integration.runtime.conftest import submit, tiny_spec
+from tests.unit.runtime.test_planning import DECLARED, _ray
+
+
+def _fail_attempt(store, poller: Poller, job_id: str, nodes: list[str]) -> None:
+    for dst in (JobState.PLACING, JobState.STARTING, JobState.RUNNING):
+        store.transition(job_id, dst, reason=Reason.PLACEMENT_FOUND)
+    n = store.start_attempt(job_id, placement=None).number
+    poller._attempt_failed(job_id, n, reason=Reason.WORKER_CRASH, message="rank 0 died",
+                           data={"failed_nodes": nodes, "groups": [], "attempt": n})
+
+
+def test_a_node_that_failed_twice_is_avoided_and_failures_end_in_max_failures(store, tmp_path):
+    from orchestrator.inventory import build_inventory
+
+    job_id = submit(store, tiny_spec("flaky-node", fault_tolerance={"max_failures": 2}))
+    sched = Scheduler(store=store, runs_dir=Path(tmp_path), declared=lambda: DECLARED)
+    poller = Poller(store)
+
+    _fail_attempt(store, poller, job_id, ["n1"])
+    job = store.get_job(job_id)
+    assert job.state == JobState.QUEUED  # restarted: 1 failure, max_failures=2
+    assert sched._avoid(job) == set()  # one failure on n1 is not a pattern yet
+    _fail_attempt(store, poller, job_id, ["n1"])
+    job = store.get_job(job_id)
+    assert job.state == JobState.QUEUED
+    assert sched._avoid(job) == {"n1"}
+
+    # The plan for the next attempt leaves n1 out even though it is the tighter fit.
+    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
+                                     _ray("n2", gpus=4, free_gpus=4)], declared=DECLARED)
+    spec = parse_spec(job.spec)
+    assert {b["node"] for b in plan_job(spec, inv).bundles} == {"n1"}  # type: ignore[union-attr]
+    plan = plan_job(spec, inv, avoid=sched._avoid(job))
+    assert {b["node"] for b in plan.bundles} == {"n2"}  # type: ignore[union-attr]
+    only_n1 = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=4)], declared=DECLARED)
+    assert isinstance(plan_job(spec, only_n1, avoid={"n1"}), Pending)
+
+    _fail_attempt(store, poller, job_id, ["n2"])
+    job = store.get_job(job_id)
+    assert job.state == JobState.FAILED and job.failure_reason == "MAX_FAILURES"
+    assert "3 failed attempts (max_failures=2)" in job.message
