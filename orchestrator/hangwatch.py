@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchestrator.attempt import AttemptConfig
+from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation
 
@@ -129,6 +130,7 @@ class HangWatch:
             if ann is not None:
                 summaries[r] = {"rank": r, "pending": [ann]}
         anns = {r: a for r in dead if (a := _announcement(self.cfg.run_dir, r)) is not None}
+        summaries, anns = resolve_announcements(summaries, anns)  # op id -> collective seq
         artifacts = tuple(self._node_evidence(gang, stamp)) if trigger != "straggler" else ()
         report = self.monitor.analysis(
             summaries=summaries, dead=dead, announcements=anns, locations=self._locations(gang),

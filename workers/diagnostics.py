@@ -451,13 +451,14 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     return ann
 
 
-def announce_step_collective(op: str, tensor: Any, *, exact_seq: bool = True) -> None:
+def announce_step_collective(op: str, tensor: Any) -> None:
     """Per-step announcement for the training loop's own collective on the default group:
     cheap (~0.1 ms) because the seq comes from the Flight Recorder's pg_status (no entries;
     a dump with entries costs ~150 ms at 2,000 entries). Also registers the calling thread as
     the training thread. A no-op outside a meshyard worker (no MESHYARD_RUN_DIR) and never
-    raises: it must not slow or fail a step. gloo's pg_status counts send/recv too, so a job
-    whose pipeline p2p runs on the default group passes `exact_seq=False` (no seq)."""
+    raises: it must not slow or fail a step. It records the op id (pg_status counts every op,
+    send/recv included, on gloo); the controller turns it into the collective seq with the
+    Flight Recorder entries of the ranks that answer (inputs.resolve_announcements)."""
     global _training_thread
     _training_thread = threading.get_ident()
     run_dir, rank = os.environ.get("MESHYARD_RUN_DIR"), os.environ.get("RANK")
@@ -470,8 +471,8 @@ def announce_step_collective(op: str, tensor: Any, *, exact_seq: bool = True) ->
         status = pickle.loads(raw).get("pg_status", {}).get("0", {})  # noqa: S301
         last = int(status.get("last_enqueued_collective", -1))
         sizes, dtypes = _tensor_meta(tensor)
-        seq = last + 1 if last >= 0 and exact_seq else None
-        ann = {"op": op, "pg": "0", "seq": seq, "is_p2p": False,
+        ann = {"op": op, "pg": "0", "seq": None, "op_id": last + 1 if last >= 0 else None,
+               "is_p2p": False,
                "peer": None, "sizes": sizes, "dtypes": dtypes, "source": "announce",
                "time_s": time.time()}
         d = _live_dir(run_dir, int(rank))

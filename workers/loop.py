@@ -189,7 +189,7 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int, *,
             vals = torch.zeros(MISMATCH_NUMEL, device=run.device)
         if action != CollectiveAction.SKIP:
             # gloo SIGABRTs a rank on a size mismatch: the announced op is its evidence.
-            announce_step_collective("all_reduce", vals, exact_seq=run.spec.parallelism.pp == 1)
+            announce_step_collective("all_reduce", vals)
             dist.all_reduce(vals)
     loss_sum, count, votes = vals[:3].tolist()
     return loss_sum / max(count, 1.0), votes > 0

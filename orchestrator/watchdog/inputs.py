@@ -149,3 +149,50 @@ def analysis_input(summaries: Mapping[int, Mapping[str, Any]], *, world_size: in
     return AnalysisInput(ranks=tuple(ranks), world_size=world_size, pg_members=members,
                          pg_names=names, locations=locations or {}, trigger=trigger,
                          artifacts=artifacts)
+
+
+def _op_index(summary: Mapping[str, Any], pg: str) -> list[tuple[int, int]]:
+    """(op_id, collective_seq) of a rank's recorded collectives on `pg`, by op id."""
+    fr = summary.get("fr_dump")
+    out = []
+    for e in (fr.get("entries") or ()) if isinstance(fr, Mapping) else ():
+        grp = e.get("process_group") or ("",)
+        if str(grp[0]) != pg or e.get("is_p2p") or e.get("op_id") is None:
+            continue
+        seq = _opt_int(e.get("collective_seq_id"))
+        if seq:
+            out.append((int(e["op_id"]), seq))
+    return sorted(out)
+
+
+def seq_for_op(index: list[tuple[int, int]], op_id: int) -> int:
+    """The collective seq the op with `op_id` gets: one past the newest recorded collective
+    with a lower op id. gloo's pg_status counts send/recv in op ids, the Flight Recorder's
+    collective seq does not; with no record, op id and seq are the same count."""
+    below = [seq for oid, seq in index if oid < op_id]
+    return (max(below) + 1) if below else (op_id if not index else 1)
+
+
+def resolve_announcements(summaries: Mapping[int, Mapping[str, Any]],
+                          announcements: Mapping[int, Mapping[str, Any]]
+                          ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Give announced ops (which carry the cheap op id) their collective seq, from the rank's
+    own Flight Recorder entries when it has them, else from any peer's (ranks run the same op
+    sequence up to a divergence)."""
+    peers = {r: _op_index(s, "0") for r, s in summaries.items()}
+    fallback = max(peers.values(), key=len, default=[])
+
+    def fix(rank: int, ann: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(ann)
+        if out.get("seq") is None and out.get("op_id") is not None and not out.get("is_p2p"):
+            index = peers.get(rank) or fallback
+            out["seq"] = seq_for_op(index, int(out["op_id"]))
+        return out
+
+    new_sums = {}
+    for r, s in summaries.items():
+        d = dict(s)
+        d["pending"] = [fix(r, p) if p.get("source") == "announce" else p
+                        for p in s.get("pending") or ()]
+        new_sums[r] = d
+    return new_sums, {r: fix(r, a) for r, a in announcements.items()}

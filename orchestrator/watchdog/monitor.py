@@ -226,10 +226,14 @@ class HangMonitor:
 
 def suspect_nodes(report: DiagnosisReport, rank_nodes: Mapping[int, str | None]) -> tuple[
         str, ...]:
-    """Nodes to avoid after a COMM_WEDGED verdict, only with hardware evidence: a suspect at
-    node level names its node; GPU / NVLink-domain suspects name the node of their ranks;
-    switch-level suspects span many nodes and are not avoided (placement cannot route around
-    a switch by dropping a node). NCCL errors on ranks (the culprits then) count as evidence."""
+    """Nodes to avoid after a COMM_WEDGED verdict, only with hardware evidence: NCCL errors
+    (IB completion, CUDA, system errors) on the stuck ranks. Topology alone ("the only node
+    every stuck group shares") is a suspicion, not evidence: avoiding on it could strand a
+    job whose only fault was in software. A suspect at node level names its node; GPU /
+    NVLink-domain suspects name the node of their ranks; switch-level suspects span many
+    nodes and are not avoided (placement cannot route around a switch by dropping a node)."""
+    if not any(ev.nccl_errors for ev in report.evidence):
+        return ()
     nodes: set[str] = set()
     for hw in report.suspect_hardware:
         level = hw.level.lower()
@@ -237,6 +241,6 @@ def suspect_nodes(report: DiagnosisReport, rank_nodes: Mapping[int, str | None])
             nodes.add(hw.name)
         elif level in ("gpu", "nvlink_domain", "nvlink", "device"):
             nodes.update(n for r in hw.ranks if (n := rank_nodes.get(r)))
-    if not nodes and any(ev.nccl_errors for ev in report.evidence):
+    if not nodes and not report.suspect_hardware:  # errors without a located suspect
         nodes.update(n for r in report.culprit_ranks if (n := rank_nodes.get(r)))
     return tuple(sorted(nodes))

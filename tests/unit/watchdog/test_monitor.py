@@ -101,13 +101,17 @@ def test_actions() -> None:
 
 def test_restart_avoids_the_suspect_node_only_for_wedged_with_hardware_evidence() -> None:
     nodes = {0: "a", 1: "a", 2: "b", 3: "b"}
-    wedged = _report(Verdict.COMM_WEDGED, (2, 3), suspect_hardware=(
+    err = (RankReport(rank=2, state="waiting", nccl_errors=("NET/IB: completion error",)),)
+    wedged = _report(Verdict.COMM_WEDGED, (2, 3), evidence=err, suspect_hardware=(
         SuspectHardware(level="node", name="b", ranks=(2, 3), reason="shared"),))
     assert _mon(action="restart").decide(wedged, rank_nodes=nodes).avoid_nodes == ("b",)
-    gpu = _report(Verdict.COMM_WEDGED, (2,), suspect_hardware=(
+    topology_only = _report(Verdict.COMM_WEDGED, (2, 3), suspect_hardware=(
+        SuspectHardware(level="node", name="b", ranks=(2, 3), reason="shared"),))
+    assert suspect_nodes(topology_only, nodes) == ()  # a suspicion, not evidence
+    gpu = _report(Verdict.COMM_WEDGED, (2,), evidence=err, suspect_hardware=(
         SuspectHardware(level="gpu", name="b/GPU0", ranks=(2,), reason="x"),))
     assert suspect_nodes(gpu, nodes) == ("b",)
-    switch = _report(Verdict.COMM_WEDGED, (0, 2), suspect_hardware=(
+    switch = _report(Verdict.COMM_WEDGED, (0, 2), evidence=err, suspect_hardware=(
         SuspectHardware(level="leaf", name="l0", ranks=(0, 1, 2, 3), reason="x"),))
     assert suspect_nodes(switch, nodes) == ()
     errors = _report(Verdict.COMM_WEDGED, (1,), evidence=(
@@ -124,3 +128,20 @@ def test_straggler_reported_once_per_culprit_set() -> None:
     rep = _report(Verdict.STRAGGLER, (1,))
     assert m.keep_straggler(rep) and not m.keep_straggler(rep)
     assert not m.keep_straggler(_report(Verdict.NOT_JOINED))
+
+
+def test_announced_op_ids_become_collective_seqs() -> None:
+    from orchestrator.watchdog.inputs import resolve_announcements, seq_for_op
+
+    # op ids 1 2 [3 = a recv, not recorded] 4 5 -> collective seqs 1 2 3 4
+    index = [(1, 1), (2, 2), (4, 3), (5, 4)]
+    assert [seq_for_op(index, o) for o in (2, 4, 6)] == [2, 3, 5]
+    assert seq_for_op([], 7) == 7  # nothing recorded: no p2p to skip
+    entries = [{"process_group": ["0", "default_pg"], "op_id": o, "collective_seq_id": s,
+                "is_p2p": False} for o, s in index]
+    live = {"rank": 0, "fr_dump": {"entries": entries},
+            "pending": [{"op": "all_reduce", "op_id": 6, "seq": None, "source": "announce"}]}
+    sums, anns = resolve_announcements({0: live}, {1: {"op": "all_reduce", "op_id": 6,
+                                                       "seq": None, "source": "announce"}})
+    assert sums[0]["pending"][0]["seq"] == 5 and anns[1]["seq"] == 5
+    assert live["pending"][0]["seq"] is None  # inputs are not modified
