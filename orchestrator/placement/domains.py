@@ -203,8 +203,8 @@ def _fill_gpus(nodes: list[Domain], n: int, *, tight: bool) -> dict[str, int]:
     """n GPUs across the nodes of one NVLink pool, BestFit on free GPU counts (or, not
     tight, best-linked and most free first)."""
     out: dict[str, int] = {}
-    left = sorted(nodes, key=lambda c: (-c.free, c.order) if tight
-                  else (-c.links_gbs, -c.free, c.order))
+    left = sorted((c for c in nodes if c.free > 0),
+                  key=lambda c: (-c.free, c.order) if tight else (-c.links_gbs, -c.free, c.order))
     while n > 0:
         fits = [c for c in left if c.free >= n]
         child = min(fits, key=lambda c: (c.free, c.order)) if fits and tight else left[0]

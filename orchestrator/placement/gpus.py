@@ -68,7 +68,8 @@ def pick_node_gpus(node: ClusterNode, n: int, *, packing: Packing, links: LinkMo
     free = [g for g in node.free_gpus if only is None or g in only]
     if len(free) < n:
         return None
-    if not packing.strict or packing.tp_within != "nvlink_domain" or pooled:
+    if not packing.strict or packing.tp_within != "nvlink_domain" or pooled or packing.tp == 1:
+        # (a single GPU is always inside one NVLink domain: no components to respect)
         return pick_subset(node, free, n, tp=packing.tp, links=links, rails=rails)
     comps = [c for c in tp_domains(node, free, "nvlink_domain") if len(c) >= packing.tp]
     groups = n // packing.tp

@@ -1,0 +1,181 @@
+"""Per-GPU memory of a training configuration: parameters, gradients, optimizer states,
+activations. Pure module (stdlib only).
+
+The ZeRO arithmetic (Rajbhandari et al. 2020) with Adam and mixed precision: per parameter
+2 bytes of bf16 weights, 2 of bf16 gradients and 12 of fp32 optimizer state (master copy,
+momentum, variance) = 16 bytes. ZeRO-1 shards the optimizer states over the dp_shard group,
+ZeRO-2 also the gradients, ZeRO-3 also the parameters. Plain fp32 training (what the workers
+run on CPU) is 4 + 4 + 8 bytes.
+
+Activations per transformer block and microbatch of b sequences of s tokens, hidden h, TP
+degree t (Korthikanti et al. 2022, "Reducing Activation Recomputation"), in 16-bit:
+  no TP / TP without sequence parallel   s*b*h*(10 + 24/t)   (+ 5*a*s^2*b/t without a fused
+  with sequence parallel                  s*b*h*34/t           attention kernel)
+  full activation checkpointing           2*s*b*h              (block inputs only, plus one
+                                                               block's working set at a time)
+A pipeline stage holds the activations of its in-flight microbatches: 1F1B keeps
+min(m, p) on the first stage, GPipe all m.
+
+Example: GPT-2 small (124M) in fp32 with AdamW on one device: 124M * 16 B = 1.99 GB of
+parameters, gradients and states, plus activations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+_PRECISION = {
+    # name: (param bytes, grad bytes, optimizer bytes, activation element bytes)
+    "bf16-mixed": (2, 2, 12, 2),
+    "fp32": (4, 4, 8, 4),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer. `params` overrides the derived count (published sizes)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int
+    seq_len: int
+    ffn_dim: int | None = None
+    params: int | None = None
+    name: str = "model"
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_dim if self.ffn_dim is not None else 4 * self.d_model
+
+    @property
+    def block_params(self) -> int:
+        """Q, K, V, O projections, MLP up and down, two LayerNorms (the workers' GPT)."""
+        return 4 * self.d_model ** 2 + 2 * self.d_model * self.ffn + 4 * self.d_model
+
+    @property
+    def embed_params(self) -> int:
+        """Token + position embedding; the untied LM head and final norm come on top."""
+        return self.vocab_size * self.d_model + self.seq_len * self.d_model
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.d_model + 2 * self.d_model
+
+    @property
+    def total_params(self) -> int:
+        if self.params is not None:
+            return self.params
+        return self.n_layers * self.block_params + self.embed_params + self.head_params
+
+    def layer_params(self) -> float:
+        """Parameters of one block, scaled so that all blocks plus the ends give `params`."""
+        derived = self.n_layers * self.block_params + self.embed_params + self.head_params
+        scale = self.total_params / derived
+        return self.block_params * scale
+
+    @classmethod
+    def from_gpt(cls, model: Any, *, name: str = "model") -> ModelShape:
+        """From a spec.GPTModel-like object."""
+        return cls(n_layers=model.n_layers, d_model=model.d_model, n_heads=model.n_heads,
+                   vocab_size=model.vocab_size, seq_len=model.seq_len, ffn_dim=model.ffn_dim,
+                   name=name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "n_layers": self.n_layers, "d_model": self.d_model,
+                "n_heads": self.n_heads, "ffn_dim": self.ffn, "vocab_size": self.vocab_size,
+                "seq_len": self.seq_len, "params": self.total_params}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def as_dict(self) -> dict[str, float]:
+        return {"params_gb": self.params / 1e9, "grads_gb": self.grads / 1e9,
+                "optimizer_gb": self.optimizer / 1e9, "activations_gb": self.activations / 1e9,
+                "total_gb": self.total / 1e9}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    tp: int = 1
+    pp: int = 1
+    dp_shard: int = 1
+    zero_stage: int = 0
+    micro_batch: int = 1  # sequences per microbatch on one rank
+    microbatches: int = 1  # per step (pipeline microbatches, or gradient accumulation)
+    activation_checkpointing: bool = False
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"  # 1f1b | gpipe
+    precision: str = "bf16-mixed"
+    fused_attention: bool = True
+
+
+def stage_params(model: ModelShape, *, tp: int, pp: int) -> float:
+    """Parameters held by the largest pipeline stage on one TP rank (first stage: its blocks
+    plus the embedding; the LM head of the last stage is counted with the same size)."""
+    blocks = math.ceil(model.n_layers / pp) * model.layer_params()
+    ends = model.embed_params + (model.head_params if pp == 1 else 0)
+    return (blocks + ends) / tp
+
+
+def in_flight(cfg: MemoryConfig) -> int:
+    """Microbatches whose activations one rank holds at the peak."""
+    if cfg.pp == 1:
+        return 1  # gradient accumulation frees each microbatch's activations in its backward
+    if cfg.schedule == "gpipe":
+        return cfg.microbatches
+    return min(cfg.microbatches, cfg.pp)
+
+
+def block_activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
+    s, b, h, t = model.seq_len, cfg.micro_batch, model.d_model, cfg.tp
+    elt = _PRECISION[cfg.precision][3] / 2  # the formulas count 16-bit elements
+    per = s * b * h * (34 / t if cfg.sequence_parallel else 10 + 24 / t)
+    per *= model.ffn / (4 * h) if model.ffn != 4 * h else 1.0
+    if not cfg.fused_attention:
+        per += 5 * model.n_heads * s * s * b / t
+    return per * elt
+
+
+def activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
+    """Peak activation bytes on the busiest rank (first pipeline stage)."""
+    layers = math.ceil(model.n_layers / cfg.pp)
+    block = block_activation_bytes(model, cfg)
+    elt = _PRECISION[cfg.precision][3]
+    s, b, h = model.seq_len, cfg.micro_batch, model.d_model
+    if cfg.activation_checkpointing:
+        per_mb = layers * 2 * s * b * h * elt / 2
+        working = block  # one block recomputed at a time in backward
+    else:
+        per_mb = layers * block
+        working = 0.0
+    # logits and their gradient in fp32 on the last stage (pp=1: the same rank)
+    logits = 2 * 4 * s * b * model.vocab_size / cfg.tp if cfg.pp == 1 else 0.0
+    return per_mb * in_flight(cfg) + working + logits
+
+
+def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
+    """Bytes per GPU, with the ZeRO stage sharding over dp_shard (see module doc)."""
+    if cfg.precision not in _PRECISION:
+        raise ValueError(f"precision={cfg.precision!r}: use one of {sorted(_PRECISION)}")
+    pb, gb, ob, _ = _PRECISION[cfg.precision]
+    n = stage_params(model, tp=cfg.tp, pp=cfg.pp)
+    d = max(1, cfg.dp_shard)
+    z = cfg.zero_stage
+    return MemoryBreakdown(
+        params=n * pb / (d if z >= 3 else 1),
+        grads=n * gb / (d if z >= 2 else 1),
+        optimizer=n * ob / (d if z >= 1 else 1),
+        activations=activation_bytes(model, cfg),
+    )
