@@ -111,3 +111,14 @@ def test_logs_parse_json_and_offline_diagnose(tmp_path: Path) -> None:
     assert md.stdout.splitlines()[0] == rep["summary"]
     missing = run_cli("diagnose")
     assert missing.returncode == 2
+
+
+def test_logs_group_keeps_the_job_log_command() -> None:
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    for args in (["logs", "job-x", "--rank", "1"], ["logs", "--rank", "1", "job-x"]):
+        r = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:9", "--token", "t"])
+        assert r.exit_code == 2 and "cannot reach the server" in r.output  # ran `logs show`
+    assert "parse" in CliRunner().invoke(app, ["logs", "--help"]).output
