@@ -148,7 +148,7 @@ def main() -> None:
                  namespace="meshyard", _node_ip_address="127.0.0.1")
         store = open_store(f"sqlite:///{Path(tmp) / 'meshyard.db'}")
         rt = Runtime(Settings(data_dir=Path(tmp), allow_fault_injection=True), store,
-                     tick_s=0.2)
+                     tick_s=0.2, warm_pool=3)
         rt.start()
         t0 = time.time()
         try:
