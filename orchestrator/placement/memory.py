@@ -14,7 +14,8 @@ degree t (Korthikanti et al. 2022, "Reducing Activation Recomputation"), in 16-b
   full activation checkpointing           2*s*b*h              (block inputs only, plus one
                                                                block's working set at a time)
 A pipeline stage holds the activations of its in-flight microbatches: 1F1B keeps
-min(m, p) on the first stage, GPipe all m.
+min(m, p) on the first stage, GPipe all m, interleaved 1F1B with v chunks per rank
+min(m, p) * (1 + (p-1)/(p*v)).
 
 Example: GPT-2 small (124M) in fp32 with AdamW on one device: 124M * 16 B = 1.99 GB of
 parameters, gradients and states, plus activations.
@@ -116,7 +117,8 @@ class MemoryConfig:
     microbatches: int = 1  # per step (pipeline microbatches, or gradient accumulation)
     activation_checkpointing: bool = False
     sequence_parallel: bool = False
-    schedule: str = "1f1b"  # 1f1b | gpipe
+    schedule: str = "1f1b"  # 1f1b | gpipe (interleaved when virtual_stages > 1)
+    virtual_stages: int = 1
     precision: str = "bf16-mixed"
     fused_attention: bool = True
 
@@ -136,6 +138,15 @@ def in_flight(cfg: MemoryConfig) -> int:
     if cfg.schedule == "gpipe":
         return cfg.microbatches
     return min(cfg.microbatches, cfg.pp)
+
+
+def in_flight_factor(cfg: MemoryConfig) -> float:
+    """In-flight microbatches, times 1 + (p-1)/(p*v) for interleaved 1F1B (the first rank
+    warms up with extra chunks; Korthikanti et al. 2022, section 4.2.3)."""
+    base = float(in_flight(cfg))
+    if cfg.pp > 1 and cfg.virtual_stages > 1:
+        base *= 1 + (cfg.pp - 1) / (cfg.pp * cfg.virtual_stages)
+    return base
 
 
 def block_activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
@@ -162,7 +173,7 @@ def activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
         working = 0.0
     # logits and their gradient in fp32 on the last stage (pp=1: the same rank)
     logits = 2 * 4 * s * b * model.vocab_size / cfg.tp if cfg.pp == 1 else 0.0
-    return per_mb * in_flight(cfg) + working + logits
+    return per_mb * in_flight_factor(cfg) + working + logits
 
 
 def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
@@ -179,3 +190,23 @@ def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
         optimizer=n * ob / (d if z >= 1 else 1),
         activations=activation_bytes(model, cfg),
     )
+
+
+# Published sizes (params given where the derived count of a plain GPT block would differ:
+# SwiGLU MLPs and grouped-query attention). ffn_dim is the equivalent two-matrix MLP width.
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "gpt2": ModelShape(name="gpt2", n_layers=12, d_model=768, n_heads=12, vocab_size=50257,
+                       seq_len=1024),
+    "gpt2-medium": ModelShape(name="gpt2-medium", n_layers=24, d_model=1024, n_heads=16,
+                              vocab_size=50257, seq_len=1024),
+    "gpt2-xl": ModelShape(name="gpt2-xl", n_layers=48, d_model=1600, n_heads=25,
+                          vocab_size=50257, seq_len=1024),
+    "llama-7b": ModelShape(name="llama-7b", n_layers=32, d_model=4096, n_heads=32,
+                           vocab_size=32000, seq_len=4096, ffn_dim=16512, params=6_738_000_000),
+    "llama-70b": ModelShape(name="llama-70b", n_layers=80, d_model=8192, n_heads=64,
+                            vocab_size=128256, seq_len=8192, ffn_dim=43008,
+                            params=70_550_000_000),
+    "llama-405b": ModelShape(name="llama-405b", n_layers=126, d_model=16384, n_heads=128,
+                             vocab_size=128256, seq_len=8192, ffn_dim=79872,
+                             params=405_000_000_000),
+}
