@@ -8,7 +8,8 @@ import sys
 PURE = ["orchestrator.watchdog.analyze", "orchestrator.watchdog.report",
         "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
         "orchestrator.watchdog.detect", "orchestrator.watchdog.inputs",
-        "orchestrator.watchdog.offline", "orchestrator.watchdog.locate"]
+        "orchestrator.watchdog.offline", "orchestrator.watchdog.locate",
+        "orchestrator.watchdog.monitor"]
 
 
 def test_pure_modules_import_no_heavy_frameworks() -> None:
