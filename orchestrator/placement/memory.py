@@ -96,15 +96,16 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
+    workspace: float = 0.0  # the optimizer step's temporaries (see memory_per_gpu)
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.workspace
 
     def as_dict(self) -> dict[str, float]:
         return {"params_gb": self.params / 1e9, "grads_gb": self.grads / 1e9,
                 "optimizer_gb": self.optimizer / 1e9, "activations_gb": self.activations / 1e9,
-                "total_gb": self.total / 1e9}
+                "workspace_gb": self.workspace / 1e9, "total_gb": self.total / 1e9}
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class MemoryConfig:
     virtual_stages: int = 1
     precision: str = "bf16-mixed"
     fused_attention: bool = True
+    foreach_optimizer: bool = True  # CUDA default; on CPU torch steps one tensor at a time
 
 
 def stage_params(model: ModelShape, *, tp: int, pp: int) -> float:
@@ -177,7 +179,14 @@ def activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
 
 
 def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
-    """Bytes per GPU, with the ZeRO stage sharding over dp_shard (see module doc)."""
+    """Bytes per GPU, with the ZeRO stage sharding over dp_shard (see module doc).
+
+    `workspace`: PyTorch's multi-tensor (foreach) Adam/AdamW step computes sqrt(v) for every
+    parameter it updates into a new fp32 tensor list before the update, so the step briefly
+    holds one more fp32 copy of its (sharded) parameters. On CPU torch uses the per-tensor
+    loop instead (`foreach_optimizer=False`): one temporary of the largest tensor, the
+    (vocab x d_model) embedding or LM head.
+    """
     if cfg.precision not in _PRECISION:
         raise ValueError(f"precision={cfg.precision!r}: use one of {sorted(_PRECISION)}")
     pb, gb, ob, _ = _PRECISION[cfg.precision]
@@ -189,6 +198,8 @@ def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
         grads=n * gb / (d if z >= 2 else 1),
         optimizer=n * ob / (d if z >= 1 else 1),
         activations=activation_bytes(model, cfg),
+        workspace=(n * 4 / (d if z >= 1 else 1) if cfg.foreach_optimizer
+                   else 4 * model.vocab_size * model.d_model / cfg.tp),
     )
 
 
