@@ -134,9 +134,10 @@ class Poller:
         """Writes one controller event; True when it ends the attempt."""
         kind = ev["type"]
         if kind == "metrics":
-            self.store.add_metrics(job_id, n, ev["rows"])
+            self.store.add_metrics(job_id, n, ev["rows"], cursor=ev.get("seq"))
         elif kind == "logs":
-            self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in ev["lines"]])
+            self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in ev["lines"]],
+                                cursor=ev.get("seq"))
         elif kind == "placed":
             self._move(job_id, JobState.STARTING, Reason.PLACEMENT_FOUND,
                        f"gang reservation ready after {ev['waited_s']:g} s")

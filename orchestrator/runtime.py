@@ -255,5 +255,5 @@ class Runtime:
 
 
 def build_runtime(*, settings: Settings, store: Store) -> Runtime:
-    # MESHYARD_WARM_POOL: warm worker actors per CPU node (0 = off, the default).
-    return Runtime(settings, store, warm_pool=int(os.environ.get("MESHYARD_WARM_POOL", "0")))
+    # MESHYARD_WARM_POOL (Settings.warm_pool): warm worker actors per CPU node, 0 = off.
+    return Runtime(settings, store, warm_pool=settings.warm_pool)

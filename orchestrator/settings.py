@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     cluster_file: Path | None = Field(default=None, description="Declared topology YAML.")
     scheduler_enabled: bool = Field(default=True, description="Run the scheduler loop.")
     max_body_bytes: int = 1024 * 1024
+    warm_pool: int = Field(
+        default=0, ge=0, le=64,
+        description="Pre-started worker actors per CPU node, reused across jobs (0 = off).",
+    )
 
     @property
     def resolved_database_url(self) -> str:

@@ -103,8 +103,19 @@ class TelemetryOps(StoreBase):
             return [_rank(x) for x in s.scalars(stmt)]
 
     # -- metrics --------------------------------------------------------------------------
-    def add_metrics(self, job_id: str, attempt: int, rows: list[dict[str, Any]]) -> None:
-        """Appends metric points; the job's last_step / last_loss follow the newest step."""
+    def _advance_cursor(self, s: Any, job_id: str, attempt: int, cursor: int | None) -> None:
+        # Written in the same transaction as the rows it covers, so a control plane killed
+        # between the two can neither lose nor duplicate a batch when it replays.
+        if cursor is not None:
+            s.execute(update(m.Attempt)
+                      .where(m.Attempt.job_id == job_id, m.Attempt.number == attempt,
+                             m.Attempt.cursor < cursor)
+                      .values(cursor=cursor))
+
+    def add_metrics(self, job_id: str, attempt: int, rows: list[dict[str, Any]], *,
+                    cursor: int | None = None) -> None:
+        """Appends metric points; the job's last_step / last_loss follow the newest step.
+        With `cursor`, the attempt's poll cursor advances in the same transaction."""
         if not rows:
             return
         values = [{"job_id": job_id, "attempt": attempt, "rank": int(x.get("rank", 0)),
@@ -120,6 +131,7 @@ class TelemetryOps(StoreBase):
                 job.last_step = newest["step"]
                 if newest.get("loss") is not None:
                     job.last_loss = newest["loss"]
+            self._advance_cursor(s, job_id, attempt, cursor)
 
     def list_metrics(self, job_id: str, *, rank: int | None = None,
                      after_step: int | None = None, limit: int = 10_000) -> list[r.MetricRecord]:
@@ -137,7 +149,8 @@ class TelemetryOps(StoreBase):
                     for x in s.scalars(stmt)]
 
     # -- logs -----------------------------------------------------------------------------
-    def add_logs(self, job_id: str, attempt: int, lines: list[dict[str, Any]]) -> None:
+    def add_logs(self, job_id: str, attempt: int, lines: list[dict[str, Any]], *,
+                 cursor: int | None = None) -> None:
         if not lines:
             return
         now = datetime.now(UTC)
@@ -146,6 +159,7 @@ class TelemetryOps(StoreBase):
                    "line": str(x["line"])} for x in lines]
         with self._tx() as s:
             s.execute(m.LogLine.__table__.insert(), values)
+            self._advance_cursor(s, job_id, attempt, cursor)
 
     def list_logs(self, job_id: str, *, rank: int | None = None, after: int = 0,
                   limit: int = 1000, tail: int | None = None) -> list[r.LogRecord]:

@@ -192,3 +192,18 @@ def test_data_survives_reopen(db_url: str) -> None:
     assert s2.get_job(job.id).name == "keep"
     assert [e.message for e in s2.list_events(job.id)][-1] == "note"
     s2.close()
+
+
+def test_cursor_advances_with_the_rows_it_covers(store: Store) -> None:
+    job, _ = store.submit_job(_spec(), owner="u")
+    store.start_attempt(job.id, placement=None)
+    store.add_metrics(job.id, 1, [{"rank": 0, "step": 1, "time": 1.0, "loss": 2.0}], cursor=7)
+    assert store.get_cursor(job.id, 1) == 7
+    store.add_logs(job.id, 1, [{"rank": 0, "line": "x"}], cursor=9)
+    assert store.get_cursor(job.id, 1) == 9
+    store.add_metrics(job.id, 1, [{"rank": 0, "step": 2, "time": 2.0}], cursor=8)  # never back
+    assert store.get_cursor(job.id, 1) == 9
+    # a batch whose insert fails leaves the cursor where it was, so the replay re-sends it
+    with pytest.raises(Exception):  # noqa: B017 - any DB error (NOT NULL on step) is the point
+        store.add_metrics(job.id, 1, [{"rank": 0, "step": None, "time": 3.0}], cursor=20)
+    assert store.get_cursor(job.id, 1) == 9
