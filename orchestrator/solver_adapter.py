@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.inventory import Inventory
 from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.solver import Constraints, Placement, solve
+from orchestrator.placement.solver import Placement, solve_spec
 from orchestrator.planning import GangPlan, Pending
 from orchestrator.spec import JobSpec
 
@@ -22,10 +22,8 @@ _KIND = {"INFEASIBLE": "infeasible", "TP_DOMAIN_TOO_SMALL": "infeasible",
 
 def solve_gpu_plan(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | Pending:
     mesh = MeshShape.from_parallelism(spec.parallelism)
-    c = Constraints.from_spec(spec.placement)
-    constraints = Constraints(tp_within=c.tp_within, mode=c.mode,
-                              avoid_nodes=tuple(sorted(set(c.avoid_nodes) | avoid)))
-    result = solve(inv.cluster, mesh, constraints=constraints)
+    # solve_spec passes the job's own model sizes, so the estimate is for this job.
+    result = solve_spec(inv.cluster, spec, avoid=tuple(sorted(avoid)))
     if not isinstance(result, Placement):
         reason = getattr(result.reason, "value", str(result.reason))
         return Pending(_KIND.get(reason, "waiting"), result.message,
