@@ -44,8 +44,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "throughput.json"
-MODEL = {"kind": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128, "vocab_size": 256,
-         "seq_len": 64}
+MODEL: dict[str, Any] = {"kind": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128,
+                         "vocab_size": 256, "seq_len": 64}
 GLOBAL_BATCH = 16
 SEED = 0
 LR = 3e-3
@@ -217,7 +217,7 @@ def main() -> None:
     cuda = torch.cuda.device_count() >= 2
     device, nproc = ("cuda" if cuda else "cpu"), 2
     work = Path(tempfile.mkdtemp(prefix="meshyard-throughput-"))
-    kw = {"device": device, "work": work, "nproc": nproc}
+    kw: dict[str, Any] = {"device": device, "work": work, "nproc": nproc}
     runs: dict[str, Any] = {
         "baseline": lambda n: run_baseline(steps=n, **kw),
         "meshyard": lambda n: run_meshyard("ddp", steps=n, **kw),

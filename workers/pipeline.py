@@ -227,7 +227,8 @@ class PipelineRunner:
                  faults: FaultInjector | None = None,
                  p2p_timeouts_s: tuple[float, float] | None = None) -> None:
         self._parts = list(parts)
-        self._view = self._parts if len(self._parts) == 1 else [StageUnion(self._parts)]
+        self._view: list[nn.Module] = (self._parts if len(self._parts) == 1
+                                       else [StageUnion(self._parts)])
         self.stages = list(stages)
         self.schedule = schedule
         self.pp_group = pp_group
@@ -274,7 +275,8 @@ class PipelineRunner:
             self._arm_p2p_stall(stage, faults)
 
     def _arm_p2p_stall(self, stage: PipelineStage, faults: FaultInjector) -> None:
-        def guard(send_ops: Callable[[int], list[dist.P2POp]]) -> Callable[[int], list[Any]]:
+        def guard(send_ops: Callable[[int], list[dist.P2POp]]
+                  ) -> Callable[[int], list[dist.P2POp]]:
             def wrapped(chunk_id: int) -> list[dist.P2POp]:
                 ops = send_ops(chunk_id)
                 if ops:  # only a stage that really sends at this point stalls
@@ -282,8 +284,8 @@ class PipelineRunner:
                 return ops
             return wrapped
 
-        stage.get_fwd_send_ops = guard(stage.get_fwd_send_ops)  # type: ignore[method-assign]
-        stage.get_bwd_send_ops = guard(stage.get_bwd_send_ops)  # type: ignore[method-assign]
+        stage.get_fwd_send_ops = guard(stage.get_fwd_send_ops)  # type: ignore[method-assign,assignment]
+        stage.get_bwd_send_ops = guard(stage.get_bwd_send_ops)  # type: ignore[method-assign,assignment]
 
     def train_step(self, microbatches: Sequence[Batch], *, step: int,
                    progress: Progress) -> torch.Tensor | None:
