@@ -71,11 +71,14 @@ class ModelShape:
             return self.params
         return self.n_layers * self.block_params + self.embed_params + self.head_params
 
-    def layer_params(self) -> float:
-        """Parameters of one block, scaled so that all blocks plus the ends give `params`."""
+    @property
+    def scale(self) -> float:
+        """Given / derived parameter count: spreads a published size over the layout."""
         derived = self.n_layers * self.block_params + self.embed_params + self.head_params
-        scale = self.total_params / derived
-        return self.block_params * scale
+        return self.total_params / derived
+
+    def layer_params(self) -> float:
+        return self.block_params * self.scale
 
     @classmethod
     def from_gpt(cls, model: Any, *, name: str = "model") -> ModelShape:
@@ -128,9 +131,9 @@ class MemoryConfig:
 def stage_params(model: ModelShape, *, tp: int, pp: int) -> float:
     """Parameters held by the largest pipeline stage on one TP rank (first stage: its blocks
     plus the embedding; the LM head of the last stage is counted with the same size)."""
-    blocks = math.ceil(model.n_layers / pp) * model.layer_params()
+    blocks = math.ceil(model.n_layers / pp) * model.block_params
     ends = model.embed_params + (model.head_params if pp == 1 else 0)
-    return (blocks + ends) / tp
+    return (blocks + ends) * model.scale / tp
 
 
 def in_flight(cfg: MemoryConfig) -> int:
