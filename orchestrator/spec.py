@@ -127,6 +127,19 @@ class Parallelism(_Frozen):
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each transformer block's activations in backward."
     )
+    auto: bool = Field(
+        default=False,
+        description="Let the planner choose every degree, the ZeRO stage, microbatches and "
+        "activation checkpointing at submit time (`parallelism: auto` is short for "
+        "{auto: true}); the server stores the resolved spec and records the plan as an event.",
+    )
+    auto_gpus: PositiveInt | None = Field(
+        default=None, description="With auto: GPUs to plan for (default: every free GPU)."
+    )
+    auto_global_batch: PositiveInt | None = Field(
+        default=None, description="With auto: sequences per optimizer step (default: "
+        "training.micro_batch_size * grad_accum_steps per planned GPU)."
+    )
 
     @property
     def world_size(self) -> int:
@@ -308,6 +321,8 @@ class JobSpec(_Frozen):
         # `model: {n_layers: 2}` means the built-in GPT; `kind` is only needed to choose another.
         if isinstance(data, dict):
             data = dict(data)
+            if data.get("parallelism") == "auto":
+                data["parallelism"] = {"auto": True}
             for key, default in (("model", "gpt"), ("data", "synthetic")):
                 if isinstance(data.get(key), dict) and "kind" not in data[key]:
                     data[key] = {"kind": default, **data[key]}
@@ -402,6 +417,9 @@ def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
     if p.pp > 1 and p.pp_microbatches < p.pp and p.pp_schedule != PPSchedule.GPIPE:
         out.append(FieldIssue("parallelism.pp_microbatches", f"{p.pp_schedule.value} with pp="
                               f"{p.pp} needs pp_microbatches >= {p.pp}"))
+    if p.auto and p.world_size > 1:
+        out.append(FieldIssue("parallelism.auto", "auto chooses tp/pp/dp_shard/dp_replicate; "
+                              "remove them or set auto: false"))
     stage = p.effective_zero_stage()
     if stage in (2, 3) and p.dp_shard == 1:
         out.append(FieldIssue("parallelism.zero_stage", f"zero_stage={stage} shards over dp_shard,"
