@@ -132,8 +132,9 @@ def main() -> None:
     ap.add_argument("--config", choices=["fast", "defaults", "both"], default="both")
     ap.add_argument("--only", default="", help="comma-separated scenario names")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hang.json"))
+    ap.add_argument("--data-dir", default=None, help="keep the runs here (default: a temp dir)")
     args = ap.parse_args()
-    names = [n for n in SCENARIOS if not args.only or n in args.only.split(",")]
+    names = [n for n in args.only.split(",") if n in SCENARIOS] if args.only else list(SCENARIOS)
     configs = ["fast", "defaults"] if args.config == "both" else [args.config]
 
     import ray
@@ -143,7 +144,9 @@ def main() -> None:
     from orchestrator.store import open_store
 
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="meshyard-hang-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="meshyard-hang-") as scratch:
+        tmp = args.data_dir or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                  namespace="meshyard", _node_ip_address="127.0.0.1")
         store = open_store(f"sqlite:///{Path(tmp) / 'meshyard.db'}")

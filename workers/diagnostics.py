@@ -452,29 +452,31 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
 
 
 def announce_step_collective(op: str, tensor: Any) -> None:
-    """Per-step announcement for the training loop's own collective on the default group:
-    cheap (~0.1 ms) because the seq comes from the Flight Recorder's pg_status (no entries;
-    a dump with entries costs ~150 ms at 2,000 entries). Also registers the calling thread as
-    the training thread. A no-op outside a meshyard worker (no MESHYARD_RUN_DIR) and never
-    raises: it must not slow or fail a step. It records the op id (pg_status counts every op,
-    send/recv included, on gloo); the controller turns it into the collective seq with the
-    Flight Recorder entries of the ranks that answer (inputs.resolve_announcements)."""
+    """Per-step announcement for the training loop's own collective on the default group.
+
+    Cheap (a few us): the position comes from the backend's sequence counter, not from a
+    Flight Recorder dump with entries (~150 ms at 2,000 entries). On gloo the counter counts
+    every op, send/recv included, exactly like the recorder's `op_id`; the controller turns
+    it into the collective seq with the entries of the ranks that answer
+    (inputs.resolve_announcements). Other backends count collectives only: that is the seq.
+    (pg_status is keyed by an internal uid that does not restart in a reused process, so it
+    cannot name this job's default group.) Also registers the calling thread as the training
+    thread. A no-op outside a meshyard worker (no MESHYARD_RUN_DIR); never raises."""
     global _training_thread
     _training_thread = threading.get_ident()
     run_dir, rank = os.environ.get("MESHYARD_RUN_DIR"), os.environ.get("RANK")
     if not run_dir or rank is None:
         return
     try:
-        torch = _torch()
-        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
-            includeCollectives=False, includeStackTraces=False)
-        status = pickle.loads(raw).get("pg_status", {}).get("0", {})  # noqa: S301
-        last = int(status.get("last_enqueued_collective", -1))
+        dist = _torch().distributed
+        pg = dist.distributed_c10d._get_default_group()
+        backend = pg._get_backend(tensor.device)
+        last = int(backend._get_sequence_number_for_group())
+        gloo = "gloo" in str(pg._get_backend_name()).lower()
         sizes, dtypes = _tensor_meta(tensor)
-        ann = {"op": op, "pg": "0", "seq": None, "op_id": last + 1 if last >= 0 else None,
-               "is_p2p": False,
-               "peer": None, "sizes": sizes, "dtypes": dtypes, "source": "announce",
-               "time_s": time.time()}
+        ann = {"op": op, "pg": "0", "seq": None if gloo else last + 1,
+               "op_id": last + 1 if gloo else None, "is_p2p": False, "peer": None,
+               "sizes": sizes, "dtypes": dtypes, "source": "announce", "time_s": time.time()}
         d = _live_dir(run_dir, int(rank))
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / "pending.json.tmp"
