@@ -68,6 +68,7 @@ def test_interleaved_resume_continues_the_same_trajectory(two_rank_runs: Path,
     assert got == want
 
 
+@pytest.mark.slow  # ~35 s: two 4-rank specs on 2 cores
 def test_pp_with_ddp_and_fsdp_match_reference_on_4_ranks(tmp_path: Path) -> None:
     _check_all(tmp_path, nproc=4, specs=FOUR_RANK)
 
