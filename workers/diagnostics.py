@@ -124,7 +124,14 @@ def _jsonable(v: Any) -> Any:
 def _trim_dump(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Keep the newest entries with their top frames: the summary travels over Ray."""
     out = {k: v for k, v in raw.items() if k != "entries"}
-    entries = _this_job(list(raw.get("entries") or ()))[-_MAX_SUMMARY_ENTRIES:]
+    entries = _this_job(list(raw.get("entries") or ()))
+    # pg_status is keyed by an internal uid, entries by group name; they agree only in a fresh
+    # process. Re-key through this job's entries and drop statuses of groups no entry names.
+    names = {str(e.get("pg_id")): str((e.get("process_group") or ("",))[0]) for e in entries
+             if isinstance(e, Mapping) and e.get("pg_id") is not None}
+    out["pg_status"] = {names[uid]: st for uid, st in (raw.get("pg_status") or {}).items()
+                        if str(uid) in names}
+    entries = entries[-_MAX_SUMMARY_ENTRIES:]
     out["entries"] = [{**e, "frames": list(e.get("frames") or ())[:4]} for e in entries]
     return _jsonable(out)
 
