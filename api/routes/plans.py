@@ -1,0 +1,157 @@
+"""/v1/plans: the parallelism planner's ranked table; `parallelism: auto` at submit time.
+
+POST /v1/plans {"model": "llama-70b" | {n_layers, d_model, n_heads, vocab_size, seq_len, ...},
+                "global_batch": 512, "gpus": 64, "hardware": {...}, "cluster": {declared doc}}
+answers {"result": {plans, rejected, ...}, "table": "<fixed-width text>"}. Without
+`cluster`, the planner uses the control plane's nodes and their free GPUs (GPUs held by active
+jobs' ranks are busy). Link figures come from `<data dir>/calibration.json` when present.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import SettingsDep, StoreDep, UserDep
+from api.errors import Unprocessable
+from orchestrator.calibration.store import load_figures
+from orchestrator.placement.autoplan import format_table, hardware_for, resolve_auto
+from orchestrator.placement.memory import KNOWN_MODELS, ModelShape
+from orchestrator.placement.planner import Hardware, PlanningError, PlanRequest, PlanResult, plan
+from orchestrator.settings import Settings
+from orchestrator.spec import FieldIssue, JobSpec
+from orchestrator.store.repo import Store
+from orchestrator.topology.declared import load_cluster_file, parse_cluster_doc
+from orchestrator.topology.model import ClusterNode, ClusterTopology
+from orchestrator.topology.serialize import node_topology_from_dict
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"])
+
+
+class ModelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n_layers: int = Field(ge=1, description="Transformer blocks.")
+    d_model: int = Field(ge=1, description="Hidden size.")
+    n_heads: int = Field(ge=1, description="Attention heads.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+    seq_len: int = Field(ge=1, description="Sequence length.")
+    ffn_dim: int | None = Field(default=None, ge=1, description="MLP size (default 4 d_model).")
+    params: int | None = Field(default=None, ge=1, description="Parameter count (derived).")
+
+
+class HardwareBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memory_gb: float | None = Field(default=None, gt=0, description="GPU memory (default: "
+                                    "what the topology reports, else 80).")
+    peak_tflops: float = Field(default=989.0, gt=0, description="Dense peak TFLOP/s per GPU.")
+    efficiency: float = Field(default=0.4, gt=0, le=1, description="Model FLOPs utilisation.")
+    precision: str = Field(default="bf16-mixed", pattern="^(bf16-mixed|fp32)$")
+
+
+class PlanBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | ModelBody = Field(description=f"A known model {sorted(KNOWN_MODELS)} or sizes.")
+    global_batch: int = Field(ge=1, description="Sequences per optimizer step.")
+    gpus: int | None = Field(default=None, ge=1, description="GPUs to use (default: all free).")
+    hardware: HardwareBody = Field(default_factory=HardwareBody)
+    cluster: dict[str, Any] | None = Field(default=None, description="A declared cluster "
+                                           "document (what-if); default: the live cluster.")
+    top_k: int = Field(default=10, ge=1, le=1000)
+    even_stages: bool = Field(default=False, description="pp must divide n_layers.")
+
+
+class PlanResponse(BaseModel):
+    result: dict[str, Any]
+    table: str
+
+
+def model_shape(value: str | ModelBody | dict[str, Any]) -> ModelShape:
+    if isinstance(value, str):
+        if value not in KNOWN_MODELS:
+            raise ValueError(f"unknown model {value!r}; use one of {sorted(KNOWN_MODELS)} or "
+                             "give its sizes")
+        return KNOWN_MODELS[value]
+    data = value.model_dump() if isinstance(value, ModelBody) else dict(value)
+    return ModelShape(name="model", **data)
+
+
+def store_cluster(store: Store, settings: Settings) -> ClusterTopology:
+    """Alive GPU nodes from the store, busy where active jobs' ranks sit; the label levels of
+    the declared cluster file when the server has one."""
+    levels: tuple[str, ...] = ()
+    if settings.cluster_file is not None and settings.cluster_file.exists():
+        levels = load_cluster_file(settings.cluster_file).levels
+    busy: dict[str, set[int]] = {}
+    for job in store.active_jobs():
+        for r in store.list_ranks(job.id):
+            if r.gpu is not None and (r.node or r.node_id):
+                busy.setdefault(str(r.node or r.node_id), set()).add(int(r.gpu))
+    nodes = []
+    for n in store.list_nodes():
+        if not n.alive or n.gpus <= 0 or not n.topology:
+            continue
+        held = busy.get(n.name, set()) | busy.get(n.node_id or "", set())
+        nodes.append(ClusterNode(name=n.name, topology=node_topology_from_dict(n.topology),
+                                 labels={k: str(v) for k, v in n.labels.items()},
+                                 node_id=n.node_id, busy_gpus=frozenset(held)))
+    return ClusterTopology(levels=levels, nodes=tuple(nodes))
+
+
+def _fail(loc: str, exc: Exception) -> Unprocessable:
+    return Unprocessable([FieldIssue(loc, str(exc), "value_error")])
+
+
+def run_plan(body: PlanBody, *, store: Store, settings: Settings) -> PlanResult:
+    try:
+        shape = model_shape(body.model)
+    except (TypeError, ValueError) as exc:
+        raise _fail("model", exc) from None
+    try:
+        cluster = (parse_cluster_doc(body.cluster) if body.cluster is not None
+                   else store_cluster(store, settings))
+    except ValueError as exc:
+        raise _fail("cluster", exc) from None
+    hw = body.hardware
+    base = hardware_for(cluster, base=Hardware(peak_tflops=hw.peak_tflops,
+                                               efficiency=hw.efficiency, precision=hw.precision))
+    if hw.memory_gb is not None:
+        base = Hardware(memory_gb=hw.memory_gb, peak_tflops=hw.peak_tflops,
+                        efficiency=hw.efficiency, precision=hw.precision)
+    req = PlanRequest(model=shape, global_batch=body.global_batch, gpus=body.gpus, hardware=base,
+                      top_k=body.top_k, even_stages=body.even_stages)
+    try:
+        return plan(cluster, req, figures=load_figures(settings.data_dir))
+    except PlanningError as exc:
+        raise _fail("gpus", exc) from None
+
+
+@router.post("", operation_id="createPlan", response_model=PlanResponse)
+def create_plan(body: PlanBody, user: UserDep, store: StoreDep,
+                settings: SettingsDep) -> PlanResponse:
+    result = run_plan(body, store=store, settings=settings)
+    return PlanResponse(result=result.as_dict(), table=format_table(result))
+
+
+def resolve_submitted(spec: JobSpec, *, store: Store, settings: Settings
+                      ) -> tuple[JobSpec, dict[str, Any] | None]:
+    """For the submit route: a `parallelism: auto` spec becomes the top plan's spec; returns
+    the plan (top plans, table) to record with the job, or None for other specs."""
+    if not spec.parallelism.auto:
+        return spec, None
+    try:
+        resolved, result = resolve_auto(spec, cluster=store_cluster(store, settings),
+                                        figures=load_figures(settings.data_dir))
+    except PlanningError as exc:
+        raise _fail("parallelism.auto", exc) from None
+    assert result is not None
+    return resolved, {"plan": result.plans[0].as_dict(), "result": result.as_dict(),
+                      "table": format_table(result)}
+
+
+def record_plan(store: Store, job_id: str, planned: dict[str, Any]) -> None:
+    store.add_event(job_id, kind="info", reason="PLANNED",
+                    message=f"parallelism: auto -> {planned['plan']['label']} "
+                            f"(est. {planned['plan']['step_s']:.3g} s/step)", data=planned)
+

@@ -1,0 +1,1 @@
+"""Collective calibration: nccl-tests-style figures, alpha-beta fits per link class."""

@@ -1,0 +1,154 @@
+"""Collective benchmark in the style of nccl-tests: all-reduce, all-gather, reduce-scatter and
+send/recv over message sizes, on the job's backend (gloo over loopback on CPU, NCCL on GPUs).
+
+    python -m workers.calibrate --nproc 2 --min-bytes 8 --max-bytes 16MiB --out rows.json
+
+Each rank times `iters` calls per size after `warmup`; the slowest rank's median is the
+row's time (a collective ends when its last rank does). Sizes double from --min-bytes (8 B, the
+nccl-tests default) to --max-bytes; on this CPU machine the default cap is 16 MiB instead of
+nccl-tests' 1 GiB (gloo over loopback on a shared 2-core box: 1 GiB all-reduces take seconds
+each and add nothing to the fit, which is bandwidth-bound long before). Messages are fp32
+tensors; for all-gather and reduce-scatter the size is the full (gathered) buffer, as
+nccl-tests counts it. send/recv is a ping-pong between ranks 0 and 1 (half the round trip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from orchestrator.calibration.fit import PRIMITIVES
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'8' -> 8, '64KiB' / '64k' -> 65536, '16MiB' -> 16777216."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in _UNITS:
+        return int(float(t[:-1]) * _UNITS[t[-1]])
+    return int(t)
+
+
+def sizes(min_bytes: int, max_bytes: int, *, n: int) -> list[int]:
+    """Doubling sizes, each a whole number of fp32 elements per rank (4 * n bytes)."""
+    quantum = 4 * n
+    out, s = [], max(min_bytes, 1)
+    while s <= max_bytes:
+        out.append(max(quantum, (s // quantum) * quantum))
+        s *= 2
+    return sorted(set(out))
+
+
+def _one(primitive: str, nbytes: int, n: int, rank: int) -> Any:
+    """A closure making one call of `primitive` on preallocated buffers."""
+    full = torch.ones(nbytes // 4)
+    part = torch.ones(nbytes // 4 // n)
+    if primitive == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if primitive == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, part)
+    if primitive == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(part, full)
+
+    def ping_pong() -> None:
+        if rank == 0:
+            dist.send(full, 1)
+            dist.recv(full, 1)
+        elif rank == 1:
+            dist.recv(full, 0)
+            dist.send(full, 0)
+    return ping_pong
+
+
+def _time(fn: Any, *, warmup: int, iters: int) -> float:
+    """Median seconds per call on this rank, then the slowest rank's median: medians because
+    a shared machine stalls single calls for milliseconds now and then."""
+    for _ in range(warmup):
+        fn()
+    dist.barrier()
+    took = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - t0)
+    med = torch.tensor([sorted(took)[len(took) // 2]])
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med.item())
+
+
+def _iters(nbytes: int, base: int) -> int:
+    return max(2, min(base, (64 << 20) // max(nbytes, 1)))  # fewer calls for big messages
+
+
+def _worker(rank: int, n: int, port: int, cfg: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    rows = []
+    try:
+        for prim in cfg["primitives"]:
+            for nbytes in sizes(cfg["min_bytes"], cfg["max_bytes"], n=n):
+                secs = _time(_one(prim, nbytes, n, rank), warmup=cfg["warmup"],
+                             iters=_iters(nbytes, cfg["iters"]))
+                if prim == "send_recv":
+                    secs /= 2  # one way of the ping-pong
+                rows.append({"primitive": prim, "n": 2 if prim == "send_recv" else n,
+                             "bytes": nbytes, "seconds": secs})
+        if rank == 0:
+            Path(cfg["out"]).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(*, nproc: int, out: Path, min_bytes: int = 8, max_bytes: int = 16 << 20,
+        primitives: tuple[str, ...] = PRIMITIVES, warmup: int = 2, iters: int = 10,
+        backend: str = "gloo") -> list[dict[str, Any]]:
+    """Spawns `nproc` local ranks, runs the benchmark and returns rank 0's rows."""
+    if nproc < 2:
+        raise ValueError("a collective benchmark needs --nproc >= 2")
+    bad = [p for p in primitives if p not in PRIMITIVES]
+    if bad:
+        raise ValueError(f"unknown primitives {bad}; use {PRIMITIVES}")
+    cfg = {"backend": backend, "primitives": list(primitives), "min_bytes": min_bytes,
+           "max_bytes": max_bytes, "warmup": warmup, "iters": iters, "out": str(out)}
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_worker, args=(nproc, _free_port(), cfg), nprocs=nproc, join=True)
+    return list(json.loads(Path(out).read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="workers.calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--min-bytes", default="8")
+    ap.add_argument("--max-bytes", default="16MiB")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    rows = run(nproc=a.nproc, out=Path(a.out), min_bytes=parse_size(a.min_bytes),
+               max_bytes=parse_size(a.max_bytes), iters=a.iters)
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
