@@ -22,7 +22,7 @@ from api.auth import TokenCache
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.routes import cluster, health, job_data, jobs, logs, ui
+from api.routes import cluster, health, job_data, jobs, logs, plans, ui
 from api.schemas import Problem
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app.state.cluster_shape = ClusterShape(store)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, cluster):
+    for module in (jobs, job_data, logs, cluster, plans):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)
