@@ -1,0 +1,161 @@
+"""`meshyard plan` (ranked parallelism plans) and `meshyard calibrate` (collective benchmark).
+
+    meshyard plan --model llama-70b --gpus 64 --global-batch 512
+    meshyard plan --layers 24 --d-model 2048 --heads 16 --vocab 50257 --seq-len 2048 \
+        --gpus 8 --global-batch 32 --cluster examples/clusters/pcie_boxes.yaml --json
+    meshyard calibrate --nproc 2 --max-bytes 16MiB --link-class pcie
+
+`plan` without --cluster plans on --gpus GPUs in nodes of --gpus-per-node NVSwitch GPUs.
+Both use the link figures of `<data dir>/calibration.json` when `calibrate` stored one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from api.cli.app import app
+from api.cli.common import DataDirOpt, settings_from
+from orchestrator.calibration.fit import Row, fit_by_class
+from orchestrator.calibration.store import LINK_CLASSES, load_figures, save
+from orchestrator.placement.autoplan import format_table
+from orchestrator.placement.memory import KNOWN_MODELS, ModelShape
+from orchestrator.placement.planner import Hardware, PlanningError, PlanRequest, plan
+from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
+
+
+def _fail(message: str, *, as_json: bool) -> typer.Exit:
+    if as_json:
+        typer.echo(json.dumps({"error": {"message": message}}, indent=2))
+    else:
+        typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _shape(model: str | None, sizes: dict[str, int | None]) -> ModelShape:
+    if model is not None:
+        if model not in KNOWN_MODELS:
+            raise ValueError(f"unknown model {model!r}; use one of {sorted(KNOWN_MODELS)} or "
+                             "give --layers --d-model --heads --vocab --seq-len")
+        return KNOWN_MODELS[model]
+    missing = [k for k in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len")
+               if sizes[k] is None]
+    if missing:
+        raise ValueError(f"give --model or every size (missing: {', '.join(missing)})")
+    return ModelShape(name="model", **{k: v for k, v in sizes.items() if v is not None})
+
+
+def _uniform_cluster(gpus: int, per_node: int, link: str) -> ClusterTopology:
+    nodes = math.ceil(gpus / per_node)
+    return ClusterTopology(levels=("leaf", "spine"), nodes=tuple(
+        ClusterNode(name=f"node-{i:05d}", topology=NodeTopology.uniform(per_node, link),
+                    labels={"leaf": f"leaf-{i // 32}", "spine": f"spine-{i // 512}"})
+        for i in range(nodes)))
+
+
+@app.command("plan")
+def plan_cmd(
+    model: Annotated[str | None, typer.Option("--model", help=f"One of {sorted(KNOWN_MODELS)}"
+                                              )] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs to use (default: "
+                                             "every free GPU of --cluster).")] = None,
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1,
+                                              help="Sequences per optimizer step.")] = 256,
+    layers: Annotated[int | None, typer.Option("--layers", min=1)] = None,
+    d_model: Annotated[int | None, typer.Option("--d-model", min=1)] = None,
+    heads: Annotated[int | None, typer.Option("--heads", min=1)] = None,
+    vocab: Annotated[int | None, typer.Option("--vocab", min=1)] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1)] = None,
+    ffn: Annotated[int | None, typer.Option("--ffn", min=1, help="MLP size.")] = None,
+    params: Annotated[int | None, typer.Option("--params", min=1, help="Parameter count.")]
+    = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="Declared cluster file.")]
+    = None,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1)] = 8,
+    intra_node: Annotated[str, typer.Option("--intra-node", help="Link class inside a node "
+                                            "without --cluster (NV18, PIX, ...).")] = "NV18",
+    memory_gb: Annotated[float, typer.Option("--memory-gb", min=1)] = 80.0,
+    tflops: Annotated[float, typer.Option("--tflops", min=1, help="Peak TFLOP/s per GPU.")]
+    = 989.0,
+    efficiency: Annotated[float, typer.Option("--efficiency", min=0.01, max=1.0)] = 0.4,
+    top: Annotated[int, typer.Option("--top", min=1)] = 10,
+    data_dir: DataDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Rank (tp, pp, dp, ZeRO, microbatch, checkpointing) plans by estimated step time."""
+    sizes = {"n_layers": layers, "d_model": d_model, "n_heads": heads, "vocab_size": vocab,
+             "seq_len": seq_len, "ffn_dim": ffn, "params": params}
+    try:
+        shape = _shape(model, sizes)
+        if cluster is not None:
+            from orchestrator.topology.declared import load_cluster_file
+            topo = load_cluster_file(cluster)
+        elif gpus is None:
+            raise ValueError("give --gpus (or --cluster)")
+        else:
+            topo = _uniform_cluster(gpus, gpus_per_node, intra_node)
+        figures = load_figures(settings_from(data_dir=data_dir).data_dir)
+        result = plan(topo, PlanRequest(
+            model=shape, global_batch=global_batch, gpus=gpus, top_k=top,
+            hardware=Hardware(memory_gb=memory_gb, peak_tflops=tflops, efficiency=efficiency)),
+            figures=figures)
+    except (OSError, ValueError, PlanningError) as exc:
+        raise _fail(str(exc), as_json=as_json) from None
+    if as_json:
+        typer.echo(json.dumps({"result": result.as_dict(), "table": format_table(result)},
+                              indent=2))
+    else:
+        typer.echo(format_table(result, limit=top))
+
+
+def calibrate_doc(raw: list[dict[str, Any]], *, link_class: str, nproc: int) -> dict[str, Any]:
+    """Rows with algbw/busbw and the alpha-beta fit per class, as stored in calibration.json."""
+    rows = [Row(r["primitive"], r["n"], r["bytes"], r["seconds"], link_class) for r in raw]
+    fits = fit_by_class(rows)
+    from datetime import UTC, datetime
+    return {"version": 1, "backend": "gloo", "world_size": nproc,
+            "measured_at": datetime.now(UTC).isoformat(),
+            "links": {k: v.as_dict() for k, v in fits.items()},
+            "rows": [r.as_dict() for r in rows]}
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    nproc: Annotated[int, typer.Option("--nproc", min=2, help="Local ranks.")] = 2,
+    min_bytes: Annotated[str, typer.Option("--min-bytes")] = "8",
+    max_bytes: Annotated[str, typer.Option("--max-bytes", help="Cap (nccl-tests: 1GiB; the "
+                                           "default suits a CPU box).")] = "16MiB",
+    iters: Annotated[int, typer.Option("--iters", min=2)] = 10,
+    link_class: Annotated[str, typer.Option("--link-class", help=f"Which of {LINK_CLASSES} "
+                                            "these ranks' links stand for (loopback on CPU: "
+                                            "pcie).")] = "pcie",
+    data_dir: DataDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Benchmark collectives (nccl-tests style), fit alpha/beta, store calibration.json."""
+    if link_class not in LINK_CLASSES:
+        raise _fail(f"--link-class {link_class!r}: use one of {LINK_CLASSES}", as_json=as_json)
+    from workers.calibrate import parse_size, run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = run(nproc=nproc, out=Path(tmp) / "rows.json", min_bytes=parse_size(min_bytes),
+                  max_bytes=parse_size(max_bytes), iters=iters)
+    doc = calibrate_doc(raw, link_class=link_class, nproc=nproc)
+    path = save(settings_from(data_dir=data_dir).data_dir, doc)
+    if as_json:
+        typer.echo(json.dumps({**doc, "path": str(path)}, indent=2))
+        return
+    typer.echo(f"{'primitive':<15} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} "
+               f"{'busbw GB/s':>11}")
+    for r in doc["rows"]:
+        typer.echo(f"{r['primitive']:<15} {r['bytes']:>10} {r['time_us']:>10.1f} "
+                   f"{r['algbw_gbs']:>11.4f} {r['busbw_gbs']:>11.4f}")
+    for k, v in doc["links"].items():
+        typer.echo(f"{k}: alpha {v['alpha_us']:.1f} us, {v['gbs']:.3f} GB/s "
+                   f"(rms rel error {v['rms_rel_error']:.0%} over {v['rows']} sizes)")
+    typer.echo(f"stored {path}")
