@@ -149,6 +149,8 @@ def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep
                     what=f"job {job_id[:100]}")
     return page(request, "job.html", session=session, active="jobs", job=job,
                 spec_yaml=views.spec_yaml(job.spec),
+                plan=next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"),
+                          None),
                 levels=views.cluster_levels(store.list_nodes()))
 
 

@@ -93,3 +93,18 @@ def test_calibration_file_changes_the_estimates(env) -> None:
     key = {p["label"]: p["comm_total_s"] for p in before}
     slower = [p for p in after if p["comm_total_s"] > 0]
     assert slower and all(p["comm_total_s"] > key[p["label"]] * 10 for p in slower)
+
+
+def test_dashboard_job_page_shows_the_plan(env) -> None:
+    client, store, auth, _ = env
+    job_id = client.post("/v1/jobs", json=AUTO_SPEC, headers=auth).json()["id"]
+    plain = client.post("/v1/jobs", json={"name": "manual"}, headers=auth).json()["id"]
+    token = auth["Authorization"].removeprefix("Bearer ")
+    r = client.post("/login", content=f"token={token}", follow_redirects=False,
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 303, r.text
+    label = next(e.data for e in store.list_events(job_id) if e.reason == "PLANNED")["plan"]
+    page = client.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert 'id="plan"' in page.text and label["label"] in page.text
+    assert 'id="plan"' not in client.get(f"/jobs/{plain}").text
