@@ -62,9 +62,10 @@ def resolved_data(spec: JobSpec, best: Plan, *, global_batch: int) -> dict[str, 
     c = best.config
     local = global_batch // c.dp
     data = spec.model_dump(mode="json")
-    par = {"tp": c.tp, "pp": c.pp, "dp_shard": c.dp_shard, "dp_replicate": c.dp_replicate,
-           "zero_stage": c.zero_stage, "activation_checkpointing": c.activation_checkpointing,
-           "sequence_parallel": c.tp > 1 and spec.model.seq_len % c.tp == 0}
+    par: dict[str, Any] = {
+        "tp": c.tp, "pp": c.pp, "dp_shard": c.dp_shard, "dp_replicate": c.dp_replicate,
+        "zero_stage": c.zero_stage, "activation_checkpointing": c.activation_checkpointing,
+        "sequence_parallel": c.tp > 1 and spec.model.seq_len % c.tp == 0}
     if c.pp > 1:
         par |= {"pp_microbatches": c.microbatches, "pp_schedule": c.schedule,
                 "pp_virtual_stages": c.virtual_stages}

@@ -387,7 +387,7 @@ def evaluate(c: Candidate, *, req: PlanRequest, layout: Layout) -> Plan | Reject
     total, exposed, rows = _comm(layout, c, _dims(model, c, local=local,
                                                   precision=hw.precision))
     step = compute / (1 - bubble) + exposed
-    notes = ()
+    notes: tuple[str, ...] = ()
     if model.n_layers % stages:
         notes = (f"uneven stages: {model.n_layers} layers over {stages} stages",)
     return Plan(config=c, micro_batch=local // c.microbatches, memory=mem, compute_s=compute,
