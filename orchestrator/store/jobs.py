@@ -8,7 +8,7 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -35,6 +35,10 @@ class JobNotFound(LookupError):
 
 class BadCursor(ValueError):
     pass
+
+
+class _Raced(Exception):
+    """Another writer changed the job's state between our read and our write."""
 
 
 def encode_cursor(seq: int) -> str:
@@ -144,25 +148,42 @@ class JobOps(StoreBase):
     def _apply(self, s: Session, job: m.Job, dst: JobState, *, reason: Reason, message: str,
                data: dict[str, Any] | None) -> None:
         ev = transition(JobState(job.state), dst, reason=reason, message=message, data=data)
-        job.state = ev.dst.value
-        job.updated_at = ev.at
-        job.message = message
+        values: dict[str, Any] = {"state": ev.dst.value, "updated_at": ev.at, "message": message}
         if dst == JobState.FAILED:
-            job.failure_reason = reason.value
+            values["failure_reason"] = reason.value
         if dst != JobState.QUEUED:
-            job.pending_reason = None
+            values["pending_reason"] = None
+        # Compare-and-set on the state we validated against: SQLite has no SELECT ... FOR
+        # UPDATE, so two writers may both read the old state; only one UPDATE matches.
+        res = s.execute(update(m.Job).where(m.Job.seq == job.seq, m.Job.state == ev.src.value)
+                        .values(**values).execution_options(synchronize_session=False))
+        if res.rowcount != 1:
+            raise _Raced
         s.add(m.Event(job_id=job.id, at=ev.at, kind="state", src=ev.src.value, dst=ev.dst.value,
                       reason=ev.reason.value, message=message, data=ev.data))
+        s.flush()
+        s.refresh(job)
+
+    def _retrying(self, fn: Any) -> Any:
+        for _ in range(20):
+            try:
+                return fn()
+            except _Raced:
+                continue  # re-read the state the winner wrote; the move may now be illegal
+        raise RuntimeError("job state kept changing under concurrent writers")
 
     def transition(self, job_id: str, dst: JobState, *, reason: Reason, message: str = "",
                    data: dict[str, Any] | None = None) -> JobRecord:
         """The only writer of job state: the state and its event commit together.
         Raises IllegalTransition (nothing written) for a move the lifecycle forbids."""
-        with self._tx() as s:
-            job = self._locked_job(s, job_id)
-            self._apply(s, job, JobState(dst), reason=Reason(reason), message=message, data=data)
-            s.flush()
-            return job_record(job)
+        def once() -> JobRecord:
+            with self._tx() as s:
+                job = self._locked_job(s, job_id)
+                self._apply(s, job, JobState(dst), reason=Reason(reason), message=message,
+                            data=data)
+                return job_record(job)
+
+        return self._retrying(once)
 
     def request_cancel(self, job_id: str, *, viewer: UserRecord | None) -> JobRecord:
         """QUEUED → CANCELLED at once; an active job → CANCELLING (the runtime finishes it);
@@ -170,17 +191,20 @@ class JobOps(StoreBase):
         if self.get_job(job_id, viewer=viewer) is None:
             raise JobNotFound(job_id)
         who = viewer.name if viewer else "system"
-        with self._tx() as s:
-            job = self._locked_job(s, job_id)
-            state = JobState(job.state)
-            if state == JobState.QUEUED:
-                self._apply(s, job, JobState.CANCELLED, reason=Reason.USER_CANCELLED,
-                            message=f"cancelled by {who} while queued", data=None)
-            elif state in ACTIVE_STATES and state != JobState.CANCELLING:
-                self._apply(s, job, JobState.CANCELLING, reason=Reason.USER_CANCELLED,
-                            message=f"cancel requested by {who}", data=None)
-            s.flush()
-            return job_record(job)
+
+        def once() -> JobRecord:
+            with self._tx() as s:
+                job = self._locked_job(s, job_id)
+                state = JobState(job.state)
+                if state == JobState.QUEUED:
+                    self._apply(s, job, JobState.CANCELLED, reason=Reason.USER_CANCELLED,
+                                message=f"cancelled by {who} while queued", data=None)
+                elif state in ACTIVE_STATES and state != JobState.CANCELLING:
+                    self._apply(s, job, JobState.CANCELLING, reason=Reason.USER_CANCELLED,
+                                message=f"cancel requested by {who}", data=None)
+                return job_record(job)
+
+        return self._retrying(once)
 
     def add_event(self, job_id: str, *, kind: str, message: str, reason: str | None = None,
                   data: dict[str, Any] | None = None) -> EventRecord:

@@ -123,23 +123,27 @@ def test_cancel_paths(store: Store) -> None:
 
 
 def test_concurrent_transitions_only_one_wins(store: Store) -> None:
-    job, _ = store.submit_job(_spec(), owner="u")
-    outcomes: list[str] = []
+    for _ in range(5):  # several rounds: the race must lose the same way every time
+        job, _ = store.submit_job(_spec(), owner="u")
+        outcomes: list[str] = []
+        barrier = threading.Barrier(6)
 
-    def go() -> None:
-        try:
-            store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND)
-            outcomes.append("ok")
-        except IllegalTransition:
-            outcomes.append("illegal")
+        def go(job_id: str = job.id, out: list[str] = outcomes,
+               gate: threading.Barrier = barrier) -> None:
+            gate.wait(10)
+            try:
+                store.transition(job_id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND)
+                out.append("ok")
+            except IllegalTransition:
+                out.append("illegal")
 
-    threads = [threading.Thread(target=go) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert sorted(outcomes) == ["illegal"] * 3 + ["ok"]
-    assert len(store.list_events(job.id)) == 2
+        threads = [threading.Thread(target=go) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(outcomes) == ["illegal"] * 5 + ["ok"]
+        assert len(store.list_events(job.id)) == 2
 
 
 def test_attempts_ranks_metrics_logs_diagnoses(store: Store) -> None:
