@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+# Ray reads this when it is imported: every local Ray and simulated cluster in the tests then
+# binds 127.0.0.1 instead of the machine's public address (ARCHITECTURE.md, machine facts).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 PG_ENV = "MESHYARD_TEST_POSTGRES_URL"
 

@@ -76,3 +76,28 @@ def token_create(
         typer.echo(Store(engine).create_token(user, admin=admin, label=label))
     finally:
         engine.dispose()
+
+
+@token_app.command("revoke")
+def token_revoke(
+    user: Annotated[str, typer.Option("--user", help="Whose tokens to revoke.")],
+    token: Annotated[str | None, typer.Option(
+        help="Revoke only this token (default: every token of the user).")] = None,
+    data_dir: DataDirOpt = None,
+    database_url: DatabaseUrlOpt = None,
+) -> None:
+    """Revoke API tokens (works on the database directly). Running servers stop accepting
+    them within their 5 s token cache."""
+    from orchestrator.store.db import make_engine
+    from orchestrator.store.repo import Store
+
+    settings = settings_from(data_dir=data_dir, database_url=database_url)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        n = Store(engine).revoke_tokens(user, token=token)
+    except LookupError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    typer.echo(f"revoked {n} token(s) of {user}")

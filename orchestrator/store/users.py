@@ -87,6 +87,20 @@ class UserOps(StoreBase):
             ).scalar_one_or_none()
             return user_record(row) if row else None
 
+    def revoke_tokens(self, user_name: str, *, token: str | None = None) -> int:
+        """Revokes one token of the user (`token`) or all of them; returns how many."""
+        from sqlalchemy import update
+
+        with self._tx() as s:
+            user = s.scalar(select(m.User).where(m.User.name == user_name))
+            if user is None:
+                raise LookupError(f"no user named {user_name!r}")
+            stmt = update(m.ApiToken).where(m.ApiToken.user_id == user.id,
+                                            m.ApiToken.revoked.is_(False))
+            if token is not None:
+                stmt = stmt.where(m.ApiToken.token_hash == hash_token(token))
+            return int(s.execute(stmt.values(revoked=True)).rowcount or 0)
+
     def get_user(self, name: str) -> UserRecord | None:
         with self._tx() as s:
             u = s.scalar(select(m.User).where(m.User.name == name))

@@ -86,3 +86,22 @@ def test_token_create_and_db_upgrade_work_on_the_database(tmp_path: Path) -> Non
         assert user is not None and user.name == "dave" and user.is_admin
     finally:
         store.close()
+
+
+def test_token_revoke_on_the_database(tmp_path: Path) -> None:
+    d = tmp_path / "fresh"
+    made = run_cli("token", "create", "--user", "erin", data_dir=d)
+    assert made.returncode == 0
+    token = made.stdout.strip()
+    gone = run_cli("token", "revoke", "--user", "erin", data_dir=d)
+    assert gone.returncode == 0 and "revoked 1 token(s) of erin" in gone.stdout
+    missing = run_cli("token", "revoke", "--user", "nobody", data_dir=d)
+    assert missing.returncode == 2 and "no user named 'nobody'" in missing.stderr
+
+    from orchestrator.store import open_store
+
+    store = open_store(f"sqlite:///{d / 'meshyard.db'}", migrate=False)
+    try:
+        assert store.authenticate(token) is None
+    finally:
+        store.close()

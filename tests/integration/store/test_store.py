@@ -211,3 +211,14 @@ def test_cursor_advances_with_the_rows_it_covers(store: Store) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any DB error (NOT NULL on step) is the point
         store.add_metrics(job.id, 1, [{"rank": 0, "step": None, "time": 3.0}], cursor=20)
     assert store.get_cursor(job.id, 1) == 9
+
+
+def test_revoke_tokens(store: Store) -> None:
+    t1 = store.create_token("carol")
+    t2 = store.create_token("carol")
+    assert store.revoke_tokens("carol", token=t1) == 1
+    assert store.authenticate(t1) is None and store.authenticate(t2) is not None
+    assert store.revoke_tokens("carol") == 1
+    assert store.authenticate(t2) is None
+    with pytest.raises(LookupError):
+        store.revoke_tokens("nobody")
