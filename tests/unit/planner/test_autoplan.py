@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from orchestrator.placement.autoplan import format_table, request_from_spec, resolve_auto
+from orchestrator.placement.autoplan import (
+    format_table,
+    request_from_spec,
+    resolve_auto,
+    resolved_data,
+)
 from orchestrator.placement.planner import PlanningError
-from orchestrator.spec import parse_spec
+from orchestrator.spec import SpecValidationError, parse_spec
 from orchestrator.topology.model import ClusterNode, ClusterTopology, Gpu, NodeTopology
 
 
@@ -73,3 +80,39 @@ def test_table_lists_plans_and_rejections() -> None:
     text = format_table(result)
     assert "16 GPUs" in text and result.plans[0].config.label() in text
     assert text.splitlines()[2].lstrip().startswith("1 ")
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers=st.integers(1, 12), heads=st.sampled_from([1, 2, 4, 8, 12, 16]),
+       head_dim=st.sampled_from([16, 32]), seq=st.sampled_from([32, 64, 128]),
+       mbs=st.sampled_from([1, 2, 3, 4, 8]), nodes=st.integers(1, 2),
+       gpus=st.sampled_from([1, 2, 4, 8]))
+def test_every_ranked_plan_resolves_to_a_valid_spec(layers: int, heads: int, head_dim: int,
+                                                    seq: int, mbs: int, nodes: int,
+                                                    gpus: int) -> None:
+    data = {"name": "p", "parallelism": "auto", "training": {"micro_batch_size": mbs},
+            "model": {"n_layers": layers, "n_heads": heads, "d_model": heads * head_dim,
+                      "vocab_size": 512, "seq_len": seq}}
+    spec = parse_spec(data)
+    c = cluster(nodes=nodes, gpus=gpus)
+    try:
+        _, result = resolve_auto(spec, cluster=c)
+    except PlanningError:
+        return
+    assert result is not None
+    batch = mbs * nodes * gpus
+    for p in result.plans:  # every alternative shown must be runnable as a spec, not just #1
+        resolved = parse_spec(resolved_data(spec, p, global_batch=batch))
+        assert resolved.world_size == nodes * gpus
+        assert resolved.global_batch_size == batch
+        assert layers % (resolved.parallelism.pp * resolved.parallelism.pp_virtual_stages) == 0
+
+
+def test_spec_auto_forms_and_conflicts() -> None:
+    assert parse_spec({"name": "a", "parallelism": "auto"}).parallelism.auto
+    assert parse_spec({"name": "a", "parallelism": {"auto": True, "auto_gpus": 4}}
+                      ).parallelism.auto_gpus == 4
+    with pytest.raises(SpecValidationError, match="parallelism.auto"):
+        parse_spec({"name": "a", "parallelism": {"auto": True, "tp": 2}})
+    with pytest.raises(SpecValidationError):
+        parse_spec({"name": "a", "parallelism": "manual"})
