@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,11 @@ def planning_time(repeats: int) -> dict[str, Any]:
         cpus.append(time.process_time() - c0)
     assert result is not None
     top = result.plans[0]
-    return {"gpus": result.world_size, "nodes": len(cluster.nodes), "parse_s": parse_s,
+    w0 = time.perf_counter()
+    checked = plan(cluster, replace(req, solve_top=1)).plans[0]
+    with_solver = time.perf_counter() - w0
+    return {"plan_with_solver_check_s": with_solver, "solver": checked.solver,
+            "gpus": result.world_size, "nodes": len(cluster.nodes), "parse_s": parse_s,
             "plan_wall_s_median": statistics.median(walls), "plan_cpu_s_median":
             statistics.median(cpus), "plan_wall_s": walls, "considered": result.considered,
             "feasible": result.feasible, "rejected_counts": result.rejected_counts,

@@ -84,6 +84,8 @@ def plan_cmd(
     = 989.0,
     efficiency: Annotated[float, typer.Option("--efficiency", min=0.01, max=1.0)] = 0.4,
     top: Annotated[int, typer.Option("--top", min=1)] = 10,
+    solve_top: Annotated[int, typer.Option("--solve-top", min=0, help="Run the placement "
+                                           "solver on this many of the best plans.")] = 1,
     data_dir: DataDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -101,7 +103,7 @@ def plan_cmd(
             topo = _uniform_cluster(gpus, gpus_per_node, intra_node)
         figures = load_figures(settings_from(data_dir=data_dir).data_dir)
         result = plan(topo, PlanRequest(
-            model=shape, global_batch=global_batch, gpus=gpus, top_k=top,
+            model=shape, global_batch=global_batch, gpus=gpus, top_k=top, solve_top=solve_top,
             hardware=Hardware(memory_gb=memory_gb, peak_tflops=tflops, efficiency=efficiency)),
             figures=figures)
     except (OSError, ValueError, PlanningError) as exc:

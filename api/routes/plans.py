@@ -60,6 +60,8 @@ class PlanBody(BaseModel):
                                            "document (what-if); default: the live cluster.")
     top_k: int = Field(default=10, ge=1, le=1000)
     even_stages: bool = Field(default=False, description="pp must divide n_layers.")
+    solve_top: int = Field(default=1, ge=0, le=10, description="Run the placement solver on "
+                           "this many of the best plans and report its estimate too.")
 
 
 class PlanResponse(BaseModel):
@@ -120,7 +122,8 @@ def run_plan(body: PlanBody, *, store: Store, settings: Settings) -> PlanResult:
         base = Hardware(memory_gb=hw.memory_gb, peak_tflops=hw.peak_tflops,
                         efficiency=hw.efficiency, precision=hw.precision)
     req = PlanRequest(model=shape, global_batch=body.global_batch, gpus=body.gpus, hardware=base,
-                      top_k=body.top_k, even_stages=body.even_stages)
+                      top_k=body.top_k, even_stages=body.even_stages,
+                      solve_top=body.solve_top)
     try:
         return plan(cluster, req, figures=load_figures(settings.data_dir))
     except PlanningError as exc:

@@ -54,7 +54,7 @@ def request_from_spec(spec: JobSpec, *, cluster: ClusterTopology,
     batch = p.auto_global_batch or t.micro_batch_size * t.grad_accum_steps * gpus
     return PlanRequest(model=ModelShape.from_gpt(spec.model, name=spec.name), global_batch=batch,
                        gpus=gpus, hardware=hardware or hardware_for(cluster), even_stages=True,
-                       top_k=5)
+                       top_k=5, solve_top=1)
 
 
 def resolved_data(spec: JobSpec, best: Plan, *, global_batch: int) -> dict[str, Any]:
@@ -114,5 +114,12 @@ def format_table(result: PlanResult, *, limit: int = 10) -> str:
             if r.reason not in seen:
                 seen.add(r.reason)
                 lines.append(f"  {r.reason}: {r.message}")
+    for i, p in enumerate(result.plans[:limit], 1):
+        if p.solver and "total_s" in p.solver:
+            lines.append(f"solver check #{i}: communication {p.solver['total_s']:.4g} s/step on "
+                         f"the solver's placement (level {p.solver.get('level')}) vs "
+                         f"{p.comm_total_s:.4g} s on the planner's packed layout")
+        elif p.solver:
+            lines.append(f"solver check #{i}: {p.solver.get('error')}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)

@@ -48,6 +48,8 @@ def test_plans_endpoint_ranks_on_the_live_cluster(env) -> None:
     assert (top["config"]["tp"], top["config"]["pp"]) == (1, 1)
     assert {"params_gb", "grads_gb", "optimizer_gb", "activations_gb"} <= set(top["memory"])
     assert top["label"] in body["table"]
+    # the real solver placed the top plan on the live cluster and its estimate is reported
+    assert top["solver"]["total_s"] > 0 and "solver check #1" in body["table"]
 
 
 def test_plans_endpoint_what_if_cluster_and_errors(env) -> None:
