@@ -20,7 +20,7 @@ from api.bodies import parse_document
 from api.deps import JobDep, SettingsDep, StoreDep, UserDep
 from api.errors import ApiError, Unprocessable
 from api.responses import model_response
-from api.routes.plans import record_plan, resolve_submitted
+from api.routes.plans import record_plan, resolve_submitted, same_submission
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
 from orchestrator.lifecycle import JobState
 from orchestrator.spec import FieldIssue, SpecValidationError, parse_spec
@@ -104,15 +104,15 @@ def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: UserDep, store
                ) -> Response:
     data = parse_document(body.text, yaml_body=body.yaml)
     spec_data, submission_id = split_submission(data, header_key=idempotency_key)
-    spec = parse_spec(spec_data)
-    spec, planned = resolve_submitted(spec, store=store, settings=settings)  # parallelism: auto
+    submitted = parse_spec(spec_data)
+    spec, planned = resolve_submitted(submitted, store=store, settings=settings)  # auto
     issues = admission_issues(spec, settings=settings, shape=request.app.state.cluster_shape)
     if issues:
         raise SpecValidationError(issues)
     job, created = store.submit_job(spec, owner=user.name, submission_id=submission_id)
     if created and planned is not None:
         record_plan(store, job.id, planned)
-    if not created and job.spec != spec.model_dump(mode="json"):
+    if not created and not same_submission(store, job, submitted=submitted, resolved=spec):
         # draft-ietf-httpapi-idempotency-key-header: a reused key with another payload is 422.
         raise Unprocessable([FieldIssue("submission_id", f"already used for job {job.id} with "
                                         "a different spec; choose a new submission_id",

@@ -150,7 +150,16 @@ def resolve_submitted(spec: JobSpec, *, store: Store, settings: Settings
         raise _fail("parallelism.auto", exc) from None
     assert result is not None
     return resolved, {"plan": result.plans[0].as_dict(), "result": result.as_dict(),
-                      "table": format_table(result)}
+                      "table": format_table(result), "submitted": spec.model_dump(mode="json")}
+
+
+def same_submission(store: Store, job: Any, *, submitted: JobSpec, resolved: JobSpec) -> bool:
+    """Is a retried submission the same payload? An auto spec is compared as submitted (its
+    plan may differ now that the cluster has changed), others as stored."""
+    if not submitted.parallelism.auto:
+        return bool(job.spec == resolved.model_dump(mode="json"))
+    planned = next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"), None)
+    return planned is not None and planned.get("submitted") == submitted.model_dump(mode="json")
 
 
 def record_plan(store: Store, job_id: str, planned: dict[str, Any]) -> None:

@@ -83,6 +83,18 @@ def test_auto_spec_resolves_at_submit_and_records_the_plan(env) -> None:
     planned = events[0].data
     assert planned["plan"]["config"]["tp"] == par["tp"]
     assert "step s" in planned["table"]
+    # a retry with the same key is the same job even after the cluster changed; another
+    # auto spec under that key is refused
+    key = {"Idempotency-Key": "auto-retry-1"}
+    first = client.post("/v1/jobs", json=AUTO_SPEC, headers={**auth, **key})
+    store.upsert_node(name="dgx-2", node_id="id2", gpus=8, cpus=64, labels={"leaf": "l0"},
+                      topology=node_topology_to_dict(NodeTopology.uniform(8, "NV18")))
+    again = client.post("/v1/jobs", json=AUTO_SPEC, headers={**auth, **key})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    other = client.post("/v1/jobs", json={**AUTO_SPEC, "name": "other"},
+                        headers={**auth, **key})
+    assert other.status_code == 422 and "submission_id" in other.text
 
 
 def test_calibration_file_changes_the_estimates(env) -> None:
