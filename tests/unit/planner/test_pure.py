@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 MODULES = ["orchestrator.calibration.fit", "orchestrator.calibration.store",
-           "orchestrator.placement.planner", "orchestrator.placement.autoplan"]
+           "orchestrator.placement.planner", "orchestrator.placement.autoplan",
+           "orchestrator.placement.plan_layout"]
 
 
 def test_no_torch_ray_fastapi_sqlalchemy() -> None:
