@@ -54,7 +54,7 @@ def request_from_spec(spec: JobSpec, *, cluster: ClusterTopology,
     batch = p.auto_global_batch or t.micro_batch_size * t.grad_accum_steps * gpus
     return PlanRequest(model=ModelShape.from_gpt(spec.model, name=spec.name), global_batch=batch,
                        gpus=gpus, hardware=hardware or hardware_for(cluster), even_stages=True,
-                       top_k=5, solve_top=1)
+                       worker_layouts=True, top_k=5, solve_top=1)
 
 
 def resolved_data(spec: JobSpec, best: Plan, *, global_batch: int) -> dict[str, Any]:

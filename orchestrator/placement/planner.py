@@ -70,6 +70,7 @@ class PlanRequest:
     gpus: int | None = None  # None: every free GPU
     hardware: Hardware = field(default_factory=Hardware)
     even_stages: bool = False  # pp must divide n_layers (the workers' pipeline needs it)
+    worker_layouts: bool = False  # only layouts meshyard's workers run (see _worker_issue)
     schedule: str = "1f1b"
     top_k: int = 10
     solve_top: int = 0  # run the full solver on this many of the best plans
@@ -288,6 +289,19 @@ def _comm(layout: Layout, c: Candidate, dims: ModelDims
     return total, exposed, tuple(rows_out)
 
 
+def _worker_issue(c: Candidate) -> str | None:
+    """Layouts workers/parallelize.py and workers/pipeline.py refuse: DDP or ZeRO-1 (not
+    FSDP) together with TP, and ZeRO-1 together with PP."""
+    if c.dp == 1 or c.zero_stage >= 2:
+        return None
+    if c.tp > 1:
+        return (f"the workers run DDP / ZeRO-1 only without TP (tp={c.tp}); shard data "
+                "parallelism (dp_shard, ZeRO-2/3) instead")
+    if c.zero_stage == 1 and c.pp > 1:
+        return "the workers do not run ZeRO-1 with pipeline parallelism"
+    return None
+
+
 def evaluate(c: Candidate, *, req: PlanRequest, layout: Layout) -> Plan | Rejection:
     model, hw = req.model, req.hardware
     local = req.global_batch // c.dp
@@ -295,6 +309,8 @@ def evaluate(c: Candidate, *, req: PlanRequest, layout: Layout) -> Plan | Reject
     if req.even_stages and model.n_layers % stages:
         return Rejection(c, "layers", f"pp={c.pp} x {c.virtual_stages} virtual stages does not "
                          f"divide n_layers={model.n_layers}")
+    if req.worker_layouts and (issue := _worker_issue(c)):
+        return Rejection(c, "workers", issue)
     mem = _memory(model, c, local=local, req=req)
     if mem.total > hw.usable_bytes:
         return Rejection(c, "memory", f"does not fit in memory: {mem.total / 1e9:.1f} GB per "

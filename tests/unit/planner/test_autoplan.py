@@ -105,7 +105,12 @@ def test_every_ranked_plan_resolves_to_a_valid_spec(layers: int, heads: int, hea
         resolved = parse_spec(resolved_data(spec, p, global_batch=batch))
         assert resolved.world_size == nodes * gpus
         assert resolved.global_batch_size == batch
-        assert layers % (resolved.parallelism.pp * resolved.parallelism.pp_virtual_stages) == 0
+        par = resolved.parallelism
+        assert layers % (par.pp * par.pp_virtual_stages) == 0
+        # what workers/parallelize.py and workers/pipeline.py refuse never comes out
+        if par.dp > 1 and par.effective_zero_stage() < 2:
+            assert par.tp == 1
+            assert not (par.effective_zero_stage() == 1 and par.pp > 1)
 
 
 def test_spec_auto_forms_and_conflicts() -> None:
