@@ -62,12 +62,13 @@ def wants_gpus(spec: JobSpec, inv: Inventory) -> bool:
     return dev == Device.CUDA or inv.total_gpus > 0
 
 
-def plan_job(spec: JobSpec, inv: Inventory, *, avoid: Iterable[str] = ()) -> GangPlan | Pending:
+def plan_job(spec: JobSpec, inv: Inventory, *, avoid: Iterable[str] = (),
+             figures: Any = None) -> GangPlan | Pending:
     avoid_set = set(avoid) | set(spec.placement.avoid_nodes)
     if wants_gpus(spec, inv):
         from orchestrator.solver_adapter import solve_gpu_plan
 
-        return solve_gpu_plan(spec, inv, avoid=avoid_set)
+        return solve_gpu_plan(spec, inv, avoid=avoid_set, figures=figures)
     return _plan_cpu(spec, inv, avoid=avoid_set)
 
 

@@ -109,6 +109,10 @@ class Runtime:
         self._launching: set[str] = set()
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
+    def _link_figures(self) -> Any:
+        """Calibrated link figures (`meshyard calibrate` writes them into the data dir)."""
+        return _calibrated_figures(Path(self.settings.data_dir))
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         import ray
@@ -125,7 +129,8 @@ class Runtime:
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, declared=self.declared,
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
-                                   launching=launching, use_pool=self.warm_pool > 0)
+                                   launching=launching, use_pool=self.warm_pool > 0,
+                                   figures=self._link_figures)
         if self.warm_pool > 0:
             from orchestrator.pool import ensure_pool
 
@@ -252,6 +257,16 @@ class Runtime:
                 return ready
             time.sleep(0.2)
         raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")
+
+
+def _calibrated_figures(data_dir: Path) -> Any:
+    from orchestrator.calibration.store import load_figures
+
+    try:
+        return load_figures(data_dir)
+    except (OSError, ValueError) as exc:  # a damaged calibration file must not stop placing
+        log.warning("ignoring calibration in %s: %s", data_dir, exc)
+        return None
 
 
 def build_runtime(*, settings: Settings, store: Store) -> Runtime:

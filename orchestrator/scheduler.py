@@ -26,6 +26,7 @@ from orchestrator.controller import launch_controller, pg_name
 from orchestrator.failures import nodes_failed_twice
 from orchestrator.inventory import Inventory, build_inventory, read_ray_nodes, reserved_gpus
 from orchestrator.lifecycle import JobState, Reason
+from orchestrator.placement.links import LinkFigures
 from orchestrator.planning import GangPlan, Pending, plan_job
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
@@ -40,8 +41,11 @@ class Scheduler:
                  declared: Callable[[], ClusterTopology | None],
                  near_node_id: str | None = None, train_fn: str | None = None,
                  extra_env: dict[str, str] | None = None,
-                 launching: set[str] | None = None, use_pool: bool = False) -> None:
+                 launching: set[str] | None = None, use_pool: bool = False,
+                 figures: Callable[[], LinkFigures | None] | None = None) -> None:
         self.store = store
+        # link figures for the cost model: calibrated ones (meshyard calibrate) when present
+        self._figures = figures or (lambda: None)
         self.use_pool = use_pool
         self.launching = launching if launching is not None else set()
         self.runs_dir = runs_dir.resolve()
@@ -88,7 +92,7 @@ class Scheduler:
                 self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
                                       message=f"stored spec is invalid: {exc}")
                 continue
-            decision = plan_job(spec, inv, avoid=self._avoid(job))
+            decision = plan_job(spec, inv, avoid=self._avoid(job), figures=self._figures())
             if isinstance(decision, Pending):
                 self._set_pending(job, decision)
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.inventory import Inventory
+from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.solver import Placement, solve_spec
 from orchestrator.planning import GangPlan, Pending
@@ -20,10 +21,11 @@ _KIND = {"INFEASIBLE": "infeasible", "TP_DOMAIN_TOO_SMALL": "infeasible",
          "INSUFFICIENT_FREE": "waiting", "FRAGMENTED": "fragmented"}
 
 
-def solve_gpu_plan(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | Pending:
+def solve_gpu_plan(spec: JobSpec, inv: Inventory, *, avoid: set[str],
+                   figures: LinkFigures | None = None) -> GangPlan | Pending:
     mesh = MeshShape.from_parallelism(spec.parallelism)
     # solve_spec passes the job's own model sizes, so the estimate is for this job.
-    result = solve_spec(inv.cluster, spec, avoid=tuple(sorted(avoid)))
+    result = solve_spec(inv.cluster, spec, avoid=tuple(sorted(avoid)), figures=figures)
     if not isinstance(result, Placement):
         reason = getattr(result.reason, "value", str(result.reason))
         return Pending(_KIND.get(reason, "waiting"), result.message,

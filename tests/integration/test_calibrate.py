@@ -81,6 +81,7 @@ def test_calibrate_two_processes_then_plan_uses_the_figures(tmp_path: Path) -> N
     assert after.returncode == 0, after.stderr
     t0 = {p["label"]: p["comm_total_s"] for p in json.loads(before.stdout)["result"]["plans"]}
     t1 = {p["label"]: p["comm_total_s"] for p in json.loads(after.stdout)["result"]["plans"]}
-    # loopback gloo is far slower than a PCIe x16 link: every communicating plan got slower
+    # the fitted alpha/beta replace the PCIe defaults, so every communicating plan's estimate
+    # moves (which way depends on how alpha and bandwidth came out on this loaded loopback)
     changed = [k for k in t0 if k in t1 and t0[k] > 0]
-    assert changed and all(t1[k] > t0[k] for k in changed)
+    assert changed and all(t1[k] != pytest.approx(t0[k], rel=1e-9) for k in changed)
