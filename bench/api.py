@@ -21,7 +21,6 @@ import http.client
 import json
 import os
 import random
-import secrets
 import statistics
 import subprocess
 import sys
@@ -203,21 +202,10 @@ def run_backend(name: str, *, database_url: str | None, args: argparse.Namespace
 
 @contextmanager
 def postgres_database(base: str) -> Iterator[str]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from orchestrator.store.scratch import scratch_postgres_database
 
-    name = "meshyard_bench_" + secrets.token_hex(4)
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :n"), {"n": name})
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    with scratch_postgres_database(base, prefix="meshyard_bench_") as url:
+        yield url
 
 
 def uvicorn_stack() -> dict[str, str]:

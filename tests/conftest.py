@@ -7,7 +7,6 @@ server); each test gets a fresh database, dropped afterwards.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,25 +35,27 @@ def postgres_url() -> Iterator[str]:
     base = _pg_base_url()
     if not base:
         pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)")
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from orchestrator.store.scratch import scratch_postgres_database
 
-    name = "meshyard_t_" + secrets.token_hex(4)
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
-            ), {"n": name})
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    with scratch_postgres_database(base) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest) -> str:
     """Runs the test on SQLite and on PostgreSQL."""
     return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_connection_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module that leaves this process connected to Ray would make the next module's
+    ray.init() fail or, worse, run on the wrong cluster: disconnect and say who leaked."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        print(f"\n[conftest] {request.module.__name__} left Ray initialized; shutting it down",
+              file=sys.stderr)
+        ray.shutdown()

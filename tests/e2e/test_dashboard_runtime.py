@@ -61,7 +61,9 @@ def test_submitted_job_runs_to_success_live(page: Any, server: Server,
                            "window.__seen.includes('FAILED')", timeout=RUN_MS)
     seen = page.evaluate("window.__seen")
     assert seen[-1] == "SUCCEEDED", (seen, (server.data_dir / "serve.log").read_text()[-3000:])
-    assert "RUNNING" in seen and seen.index("RUNNING") < seen.index("SUCCEEDED"), seen
+    # the row changed state live at least once before SUCCEEDED; a short RUNNING phase can fall
+    # between two 2 s polls, so RUNNING itself is checked on the timeline below (FIRST_STEP)
+    assert len(seen) >= 2 and set(seen[:-1]) <= {"QUEUED", "PLACING", "STARTING", "RUNNING"}, seen
     assert page.evaluate("window.__noReload") == 1
     page.locator(f'tr[data-job-id="{job_id}"]', has_text="150 / 150").wait_for()
 

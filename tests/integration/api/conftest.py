@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -140,21 +139,10 @@ def fresh_postgres_database() -> Iterator[str]:
     if not base:
         pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/"
                     "test); the PostgreSQL API cases need it")
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from orchestrator.store.scratch import scratch_postgres_database
 
-    name = "meshyard_api_" + secrets.token_hex(4)
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :n"), {"n": name})
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    with scratch_postgres_database(base, prefix="meshyard_api_") as url:
+        yield url
 
 
 @contextmanager
