@@ -149,6 +149,9 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
         threading.Thread(target=_submit_demo, args=(server,), daemon=True,
                          kwargs={"url": url, "token": token}).start()
     print(f"meshyard serving on {url} (data dir {settings.data_dir})", flush=True)
+    token_file = settings.data_dir / ADMIN_TOKEN_FILE
+    if token_file.exists():
+        print(f"dashboard: {url}/  (log in with the token in {token_file})", flush=True)
     try:
         with _exit_quietly_on_signals():
             server.run(sockets=[sock])
