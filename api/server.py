@@ -124,6 +124,10 @@ def _submit_demo(server: uvicorn.Server, *, url: str, token: str) -> None:
 
 
 def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) -> None:
+    if not settings.ray_address:
+        # Embedded default: the local Ray (and so gloo's rendezvous) on loopback. Ray reads
+        # this once, when it is first imported, and runtime modules import it; set it first.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     prepared = prepare(settings)
     if prepared.created_admin_token:
         print("Created the admin user. Its token is shown once and saved to "
