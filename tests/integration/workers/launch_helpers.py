@@ -3,8 +3,10 @@ single-process reference, spec variants and parity assertions."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +61,32 @@ def popen_torchrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str]
         return subprocess.Popen(torchrun_cmd(nproc=nproc, specs=specs, out=out, extra=extra),
                                 cwd=REPO, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kills torchrun and every rank it started. torchrun puts its workers in sessions of
+    their own, so killing torchrun's process group alone leaves hung ranks running forever."""
+    if proc.poll() is None:
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def variant(base: str, tmp: Path, *, name: str, **changes: Any) -> Path:

@@ -7,9 +7,7 @@ checked where the fault shows in them.
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import time
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from tests.integration.workers.launch_helpers import (
     assert_ok,
     assert_parity,
     heartbeat,
+    kill_tree,
     metrics,
     popen_torchrun,
     reference,
@@ -135,6 +134,4 @@ def test_user_hang_blocks_every_rank_outside_collectives(tmp_path: Path) -> None
             assert all(n == 0 for n in _pending(hb).values()), hb
         assert [m["step"] for m in metrics(out)] == list(range(1, STEP))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_tree(proc)
