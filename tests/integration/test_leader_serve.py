@@ -8,13 +8,10 @@ jobs, places the waiting ones, and every job is placed exactly once for its firs
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray loads: 127.0.0.1 only
@@ -28,38 +25,14 @@ from orchestrator.controller import pg_name  # noqa: E402
 from orchestrator.leader import current_leader  # noqa: E402
 from tests.integration.runtime.conftest import (  # noqa: E402, F401 - ray_cluster: a fixture
     ray_cluster,
+    serve_url,
+    start_serve,
     tiny_spec,
     write_cluster_file,
 )
 
 TOKEN = "leader-serve-test-admin-token"
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
-
-
-def _serve(data_dir: Path, *, db: str, address: str, cluster_file: Path
-           ) -> subprocess.Popen[bytes]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    exe = Path(sys.executable).parent / "meshyard"
-    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=TOKEN, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--database-url", db,
-         "--ray-address", address, "--cluster-file", str(cluster_file), "--no-access-log"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _url(data_dir: Path, proc: subprocess.Popen[bytes], timeout_s: float = 90) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
-        try:
-            info = json.loads((data_dir / "server.json").read_text())
-            if info["pid"] == proc.pid:
-                return str(info["url"])
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError("server did not start: " + (data_dir / "serve.log").read_text()[-3000:])
 
 
 def _until(pred: Any, *, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
@@ -82,15 +55,15 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, 
     engine = create_engine(postgres_url)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        a = _serve(tmp_path / "a", db=postgres_url, address=ray_cluster.address,
-                   cluster_file=cluster_file)
+        a = start_serve(tmp_path / "a", token=TOKEN, address=ray_cluster.address,
+                        cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(a)
-        url_a = _url(tmp_path / "a", a)
+        url_a = serve_url(tmp_path / "a", a, timeout_s=90)
         _until(lambda: _leader_pid(engine) == a.pid, timeout_s=30, what="a leads", poll_s=0.1)
-        b = _serve(tmp_path / "b", db=postgres_url, address=ray_cluster.address,
-                   cluster_file=cluster_file)
+        b = start_serve(tmp_path / "b", token=TOKEN, address=ray_cluster.address,
+                        cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(b)
-        url_b = _url(tmp_path / "b", b)
+        url_b = serve_url(tmp_path / "b", b, timeout_s=90)
         assert _leader_pid(engine) == a.pid, "the second server must stand by"
 
         # 4 GPUs: two 2-rank jobs run, the third waits for GPUs.

@@ -6,7 +6,10 @@ runtime joins them with the declared topology written next to the database.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,3 +130,38 @@ def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
 def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 180.0) -> Any:
     return wait_for(store, job_id, lambda j: j.state in states, timeout_s=timeout_s,
                     what="/".join(states))
+
+
+def start_serve(data_dir: Path, *, token: str, address: str, cluster_file: Path,
+                extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """A real `meshyard serve` subprocess on a free port joined to `address`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).parent / "meshyard"
+    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--ray-address", address,
+         "--cluster-file", str(cluster_file), "--no-access-log", *extra],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def serve_url(data_dir: Path, proc: subprocess.Popen[bytes], *, token: str | None = None,
+              timeout_s: float = 60) -> str:
+    """The URL `proc` wrote to server.json; with `token`, also waits until it answers."""
+    from api.client import MeshyardClient
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (data_dir / "serve.log").read_text()[-3000:]
+        try:
+            info = json.loads((data_dir / "server.json").read_text())
+            if info["pid"] == proc.pid:
+                if token is None:
+                    return str(info["url"])
+                with MeshyardClient(str(info["url"]), token) as client:
+                    if client.healthy():  # listening once the runtime has started
+                        return str(info["url"])
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not start: " + (data_dir / "serve.log").read_text()[-3000:])
