@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from orchestrator.spec import JobSpec
+from workers.heartbeat import mark_background_group
 
 MARKER = "COMPLETE"
 # Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
@@ -80,6 +81,8 @@ class Checkpointer:
         # On the training group they would interleave with the main thread's gradient
         # all-reduces and deadlock, so async saves get their own gloo group.
         self._pg = dist.new_group(backend="gloo") if self._async else None
+        if self._pg is not None:
+            mark_background_group(self._pg.group_name)
 
     # -- state ------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:

@@ -17,6 +17,17 @@ from pathlib import Path
 from workers.callbacks import CollectiveSeq, Heartbeat, Phase, TrainingCallbacks
 
 
+# Process groups whose collectives run in the background, across step boundaries (the async
+# checkpoint's group): the step-start floor below must not mark them completed.
+_BACKGROUND_GROUPS: set[str] = set()
+
+
+def mark_background_group(name: str) -> None:
+    """Declares a process group (by its Flight Recorder name) as running collectives outside
+    the training thread's step, e.g. the group ``dcp.async_save`` uses."""
+    _BACKGROUND_GROUPS.add(str(name))
+
+
 class Progress:
     """Step and phase of this rank; written by the training thread, read by the heartbeat."""
 
@@ -24,6 +35,18 @@ class Progress:
         self.step = 0
         self.phase = Phase.SETUP
         self.since = time.time()
+        # Per group, a collective seq known to be completed (see settle_collectives).
+        self.completed_floor: dict[str, int] = {}
+
+    def settle_collectives(self) -> None:
+        """Called by the training thread when a step starts: every collective the previous
+        step enqueued on a training group has been waited for by now, so whatever is enqueued
+        is completed. Gloo's ``last_completed_collective`` alone can say otherwise for good:
+        its two worker threads each write the watermark after completing a work, so a thread
+        preempted between the two can write an older seq after a newer one (seen under load:
+        a rank blocked in user code that still showed one collective "pending")."""
+        self.completed_floor = {pg: s.last_enqueued for pg, s in collective_seqs().items()
+                                if pg not in _BACKGROUND_GROUPS}
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
         if step is not None:
@@ -32,9 +55,12 @@ class Progress:
         self.since = time.time()
 
 
-def collective_seqs() -> dict[str, CollectiveSeq]:
+def collective_seqs(completed_floor: dict[str, int] | None = None) -> dict[str, CollectiveSeq]:
     """Last enqueued / started / completed collective seq per process group, from the Flight
-    Recorder (empty when it is off or torch lacks it). About 10 us on gloo."""
+    Recorder (empty when it is off or torch lacks it). About 10 us on gloo.
+
+    ``completed_floor`` raises a group's last completed seq to a value known to be completed
+    (never above the last enqueued one)."""
     try:
         import torch
 
@@ -43,14 +69,14 @@ def collective_seqs() -> dict[str, CollectiveSeq]:
         status = pickle.loads(raw).get("pg_status", {})
     except Exception:  # noqa: BLE001 - heartbeats never fail the job
         return {}
-    return {
-        str(pg): CollectiveSeq(
-            last_enqueued=int(s.get("last_enqueued_collective", -1)),
-            last_completed=int(s.get("last_completed_collective", -1)),
-            last_started=int(s.get("last_started_collective", -1)),
-        )
-        for pg, s in status.items()
-    }
+    floor = completed_floor or {}
+    out: dict[str, CollectiveSeq] = {}
+    for pg, s in status.items():
+        enq = int(s.get("last_enqueued_collective", -1))
+        done = max(int(s.get("last_completed_collective", -1)), floor.get(str(pg), -1))
+        out[str(pg)] = CollectiveSeq(last_enqueued=enq, last_completed=min(done, enq),
+                                     last_started=int(s.get("last_started_collective", -1)))
+    return out
 
 
 def dump_flight_recorder(path: Path) -> bool:
@@ -73,7 +99,8 @@ def dump_flight_recorder(path: Path) -> bool:
 
 def make_heartbeat(progress: Progress, *, rank: int) -> Heartbeat:
     return Heartbeat(rank=rank, step=progress.step, phase=progress.phase, time=time.time(),
-                     phase_since=progress.since, collectives=collective_seqs())
+                     phase_since=progress.since,
+                     collectives=collective_seqs(progress.completed_floor))
 
 
 class HeartbeatThread:

@@ -198,6 +198,7 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int, *,
 def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     run.progress.enter(Phase.DATA, step)
+    run.progress.settle_collectives()
     run.faults.before_step(step)
     batches = run.data.batches(step)
     loss = run.runner.train_step(batches, step=step, progress=run.progress)

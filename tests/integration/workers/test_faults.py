@@ -7,6 +7,7 @@ checked where the fault shows in them.
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_user_hang_blocks_every_rank_outside_collectives(tmp_path: Path) -> None
             hb = heartbeat(out, r)
             assert (hb["step"], hb["phase"]) == (STEP, "data")
             assert hb["time"] > first[r]  # the side thread still reports
-            assert all(n == 0 for n in _pending(hb).values()), hb
+            assert all(n == 0 for n in _pending(hb).values()), json.dumps(hb)
         assert [m["step"] for m in metrics(out)] == list(range(1, STEP))
     finally:
         kill_tree(proc)

@@ -187,3 +187,48 @@ def test_run_training_stops_between_steps_on_stop_event(tmp_path: Path) -> None:
     # the loss collective), so the run ends after step 4.
     assert (result.stopped, result.last_step, cb.steps) == (True, 4, [1, 2, 3, 4])
     assert cb.beats[-1] == "done"  # the final heartbeat reports the end
+
+
+_FLOOR_SCRIPT = r"""
+import json, os
+import torch, torch.distributed as dist
+from workers.heartbeat import Progress, collective_seqs, mark_background_group
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
+                        rank=0, world_size=1)
+bg = dist.new_group(backend="gloo")
+mark_background_group(bg.group_name)
+for _ in range(3):
+    dist.all_reduce(torch.ones(4))
+dist.all_reduce(torch.ones(4), group=bg)
+progress = Progress()
+progress.settle_collectives()
+raw = collective_seqs()
+print(json.dumps({"bg": bg.group_name, "floor": progress.completed_floor,
+                  "raw": {k: v.last_enqueued for k, v in raw.items()},
+                  "clamped": {k: v.last_completed
+                              for k, v in collective_seqs({k: 99 for k in raw}).items()}}))
+dist.destroy_process_group()
+"""
+
+
+def test_step_start_floor_covers_training_groups_not_background_ones() -> None:
+    """Gloo's completion watermark can go backwards (two worker threads); the step-start
+    floor marks what the previous step enqueued on training groups as completed, never a
+    background group's (async checkpoint) and never past the last enqueued seq."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "100", "PORT": str(port)}
+    proc = subprocess.run([sys.executable, "-c", _FLOOR_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    default = next(k for k in got["raw"] if k != got["bg"])
+    assert got["floor"] == {default: got["raw"][default]}  # background group left out
+    assert got["raw"][default] >= 3
+    assert got["clamped"] == got["raw"]  # a floor never claims more than was enqueued
