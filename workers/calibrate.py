@@ -1,6 +1,10 @@
 """Collective benchmark in the style of nccl-tests: all-reduce, all-gather, reduce-scatter and
 send/recv over message sizes, on the job's backend (gloo over loopback on CPU, NCCL on GPUs).
 
+Two ways to run it: ``run`` spawns local ranks (torch.multiprocessing), and
+:class:`CalibrationRank` is one rank as a Ray actor, which ``orchestrator.calibration.on_ray``
+places inside a node and across nodes per topology level.
+
     python -m workers.calibrate --nproc 2 --min-bytes 8 --max-bytes 16MiB --out rows.json
 
 Each rank times `iters` calls per size after `warmup`; the slowest rank's median is the
@@ -21,6 +25,7 @@ import socket
 import sys
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +56,10 @@ def sizes(min_bytes: int, max_bytes: int, *, n: int) -> list[int]:
     return sorted(set(out))
 
 
-def _one(primitive: str, nbytes: int, n: int, rank: int) -> Any:
+def _one(primitive: str, nbytes: int, n: int, rank: int, device: torch.device) -> Any:
     """A closure making one call of `primitive` on preallocated buffers."""
-    full = torch.ones(nbytes // 4)
-    part = torch.ones(nbytes // 4 // n)
+    full = torch.ones(nbytes // 4, device=device)
+    part = torch.ones(nbytes // 4 // n, device=device)
     if primitive == "all_reduce":
         return lambda: dist.all_reduce(full)
     if primitive == "all_gather":
@@ -72,18 +77,22 @@ def _one(primitive: str, nbytes: int, n: int, rank: int) -> Any:
     return ping_pong
 
 
-def _time(fn: Any, *, warmup: int, iters: int) -> float:
+def _time(fn: Any, *, warmup: int, iters: int, device: torch.device) -> float:
     """Median seconds per call on this rank, then the slowest rank's median: medians because
-    a shared machine stalls single calls for milliseconds now and then."""
+    a shared machine stalls single calls for milliseconds now and then. On CUDA each call is
+    synchronised, so the time is the collective's, not the launch's."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
+    sync()
     dist.barrier()
     took = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
+        sync()
         took.append(time.perf_counter() - t0)
-    med = torch.tensor([sorted(took)[len(took) // 2]])
+    med = torch.tensor([sorted(took)[len(took) // 2]], device=device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return float(med.item())
 
@@ -92,25 +101,64 @@ def _iters(nbytes: int, base: int) -> int:
     return max(2, min(base, (64 << 20) // max(nbytes, 1)))  # fewer calls for big messages
 
 
-def _worker(rank: int, n: int, port: int, cfg: dict[str, Any]) -> None:
+def measure(rank: int, n: int, *, addr: str, port: int,
+            cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Joins an n-rank group at addr:port, runs every primitive over every size and returns
+    the rows (the same on every rank: times are reduced to the slowest rank's)."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n)
+    backend = cfg.get("backend", "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+        else torch.device("cpu")
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=cfg.get("timeout_s", 300)),
+                            **kwargs)
     rows = []
     try:
         for prim in cfg["primitives"]:
             for nbytes in sizes(cfg["min_bytes"], cfg["max_bytes"], n=n):
-                secs = _time(_one(prim, nbytes, n, rank), warmup=cfg["warmup"],
-                             iters=_iters(nbytes, cfg["iters"]))
+                secs = _time(_one(prim, nbytes, n, rank, device), warmup=cfg["warmup"],
+                             iters=_iters(nbytes, cfg["iters"]), device=device)
                 if prim == "send_recv":
                     secs /= 2  # one way of the ping-pong
                 rows.append({"primitive": prim, "n": 2 if prim == "send_recv" else n,
                              "bytes": nbytes, "seconds": secs})
-        if rank == 0:
-            Path(cfg["out"]).write_text(json.dumps(rows))
     finally:
         dist.destroy_process_group()
+    return rows
+
+
+def _worker(rank: int, n: int, port: int, cfg: dict[str, Any]) -> None:
+    rows = measure(rank, n, addr="127.0.0.1", port=port, cfg=cfg)
+    if rank == 0:
+        Path(cfg["out"]).write_text(json.dumps(rows))
+
+
+class CalibrationRank:
+    """One benchmark rank as a Ray actor (wrapped with ``ray.remote`` by the caller).
+
+    NCCL when the actor sees a CUDA device (Ray sets CUDA_VISIBLE_DEVICES to the GPU it
+    assigned), gloo otherwise: fake GPUs on a simulated cluster measure gloo over loopback.
+    """
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
+                "cuda": torch.cuda.is_available()}
+
+    def free_port(self) -> int:
+        return _free_port()
+
+    def run(self, rank: int, n: int, addr: str, port: int,
+            cfg: dict[str, Any]) -> list[dict[str, Any]]:
+        if addr in ("127.0.0.1", "localhost"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        return measure(rank, n, addr=addr, port=port, cfg={**cfg, "backend": backend})
 
 
 def _free_port() -> int:

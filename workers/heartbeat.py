@@ -16,7 +16,6 @@ from pathlib import Path
 
 from workers.callbacks import CollectiveSeq, Heartbeat, Phase, TrainingCallbacks
 
-
 # Process groups whose collectives run in the background, across step boundaries (the async
 # checkpoint's group): the step-start floor below must not mark them completed.
 _BACKGROUND_GROUPS: set[str] = set()

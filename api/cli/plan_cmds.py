@@ -3,7 +3,8 @@
     meshyard plan --model llama-70b --gpus 64 --global-batch 512
     meshyard plan --layers 24 --d-model 2048 --heads 16 --vocab 50257 --seq-len 2048 \
         --gpus 8 --global-batch 32 --cluster examples/clusters/pcie_boxes.yaml --json
-    meshyard calibrate --nproc 2 --max-bytes 16MiB --link-class pcie
+    meshyard calibrate --max-bytes 16MiB                       # Ray job, every topology level
+    meshyard calibrate --local --nproc 2 --link-class pcie     # no Ray: local ranks
 
 `plan` without --cluster plans on --gpus GPUs in nodes of --gpus-per-node NVSwitch GPUs.
 Both use the link figures of `<data dir>/calibration.json` when `calibrate` stored one.
@@ -21,7 +22,7 @@ import typer
 
 from api.cli.app import app
 from api.cli.common import DataDirOpt, settings_from
-from orchestrator.calibration.fit import Row, fit_by_class
+from orchestrator.calibration.report import build_doc
 from orchestrator.calibration.store import LINK_CLASSES, load_figures, save
 from orchestrator.placement.autoplan import format_table
 from orchestrator.placement.memory import KNOWN_MODELS, ModelShape
@@ -116,48 +117,102 @@ def plan_cmd(
 
 
 def calibrate_doc(raw: list[dict[str, Any]], *, link_class: str, nproc: int) -> dict[str, Any]:
-    """Rows with algbw/busbw and the alpha-beta fit per class, as stored in calibration.json."""
-    rows = [Row(r["primitive"], r["n"], r["bytes"], r["seconds"], link_class) for r in raw]
-    fits = fit_by_class(rows)
-    from datetime import UTC, datetime
-    return {"version": 1, "backend": "gloo", "world_size": nproc,
-            "measured_at": datetime.now(UTC).isoformat(),
-            "links": {k: v.as_dict() for k, v in fits.items()},
-            "rows": [r.as_dict() for r in rows]}
+    """calibration.json of a local run (`--local`): one level, the given link class."""
+    return build_doc([{"level": "node", "span": 0, "link_class": link_class, "kind": None,
+                       "nodes": ["local"] * nproc, "rows": raw}], mode="local", backend="gloo")
+
+
+def _run_on_ray(*, settings: Any, cfg: dict[str, Any], max_ranks: int, cpus_per_rank: float,
+                timeout_s: float, as_json: bool) -> dict[str, Any]:
+    import ray
+
+    from orchestrator.calibration.on_ray import calibrate_on_ray
+    from orchestrator.runtime import connect_ray
+
+    declared = None
+    if settings.cluster_file:
+        from orchestrator.topology.declared import load_cluster_file
+        declared = load_cluster_file(settings.cluster_file)
+    started = connect_ray(settings.ray_address)
+
+    def say(probe: Any) -> None:
+        if not as_json:
+            typer.echo(f"probe {probe.level}: {probe.ranks} ranks on "
+                       f"{', '.join(sorted(set(probe.nodes)))}"
+                       f"{' (GPUs)' if probe.gpu else ' (CPUs)'}")
+    try:
+        return calibrate_on_ray(declared=declared, cfg=cfg, cpus_per_rank=cpus_per_rank,
+                                max_ranks=max_ranks, timeout_s=timeout_s, on_probe=say)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 @app.command("calibrate")
 def calibrate_cmd(
-    nproc: Annotated[int, typer.Option("--nproc", min=2, help="Local ranks.")] = 2,
+    local: Annotated[bool, typer.Option("--local", help="No Ray: --nproc ranks on this host "
+                                        "(torch.multiprocessing), one link class.")] = False,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster to measure (default: MESHYARD_RAY_ADDRESS, else "
+        "a local Ray started for the run).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", help="Declared topology (default: MESHYARD_CLUSTER_FILE); its levels "
+        "choose the node pairs.")] = None,
+    max_ranks: Annotated[int, typer.Option("--max-ranks", min=2, help="Ranks of the "
+                                           "inside-a-node probe (GPU nodes).")] = 8,
+    cpus_per_rank: Annotated[float, typer.Option("--cpus-per-rank", min=0.01)] = 0.5,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per probe.")]
+    = 900.0,
+    nproc: Annotated[int, typer.Option("--nproc", min=2, help="Local ranks (--local).")] = 2,
     min_bytes: Annotated[str, typer.Option("--min-bytes")] = "8",
     max_bytes: Annotated[str, typer.Option("--max-bytes", help="Cap (nccl-tests: 1GiB; the "
                                            "default suits a CPU box).")] = "16MiB",
     iters: Annotated[int, typer.Option("--iters", min=2)] = 10,
-    link_class: Annotated[str, typer.Option("--link-class", help=f"Which of {LINK_CLASSES} "
-                                            "these ranks' links stand for (loopback on CPU: "
-                                            "pcie).")] = "pcie",
+    link_class: Annotated[str, typer.Option("--link-class", help=f"--local only: which of "
+                                            f"{LINK_CLASSES} the local ranks' links stand for "
+                                            "(loopback on CPU: pcie).")] = "pcie",
     data_dir: DataDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Benchmark collectives (nccl-tests style), fit alpha/beta, store calibration.json."""
+    """Benchmark collectives (nccl-tests style) inside a node and across nodes per topology
+    level, fit alpha/beta per level and link class, store calibration.json."""
     if link_class not in LINK_CLASSES:
         raise _fail(f"--link-class {link_class!r}: use one of {LINK_CLASSES}", as_json=as_json)
     from workers.calibrate import parse_size, run
 
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = run(nproc=nproc, out=Path(tmp) / "rows.json", min_bytes=parse_size(min_bytes),
-                  max_bytes=parse_size(max_bytes), iters=iters)
-    doc = calibrate_doc(raw, link_class=link_class, nproc=nproc)
-    path = save(settings_from(data_dir=data_dir).data_dir, doc)
+    settings = settings_from(data_dir=data_dir, ray_address=ray_address, cluster_file=cluster)
+    try:
+        lo, hi = parse_size(min_bytes), parse_size(max_bytes)
+        if lo > hi:
+            raise ValueError(f"--min-bytes {min_bytes} is above --max-bytes {max_bytes}")
+        if local:
+            with tempfile.TemporaryDirectory() as tmp:
+                raw = run(nproc=nproc, out=Path(tmp) / "rows.json", min_bytes=lo, max_bytes=hi,
+                          iters=iters)
+            doc = calibrate_doc(raw, link_class=link_class, nproc=nproc)
+        else:
+            from orchestrator.calibration.fit import PRIMITIVES
+            cfg = {"primitives": list(PRIMITIVES), "min_bytes": lo, "max_bytes": hi,
+                   "warmup": 2, "iters": iters, "timeout_s": timeout}
+            doc = _run_on_ray(settings=settings, cfg=cfg, max_ranks=max_ranks,
+                              cpus_per_rank=cpus_per_rank, timeout_s=timeout, as_json=as_json)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise _fail(str(exc), as_json=as_json) from None
+    path = save(settings.data_dir, doc)
     if as_json:
         typer.echo(json.dumps({**doc, "path": str(path)}, indent=2))
         return
-    typer.echo(f"{'primitive':<15} {'bytes':>10} {'time us':>10} {'algbw GB/s':>11} "
-               f"{'busbw GB/s':>11}")
+    typer.echo(f"{'level':<8} {'primitive':<15} {'bytes':>10} {'time us':>10} "
+               f"{'algbw GB/s':>11} {'busbw GB/s':>11}")
     for r in doc["rows"]:
-        typer.echo(f"{r['primitive']:<15} {r['bytes']:>10} {r['time_us']:>10.1f} "
-                   f"{r['algbw_gbs']:>11.4f} {r['busbw_gbs']:>11.4f}")
-    for k, v in doc["links"].items():
-        typer.echo(f"{k}: alpha {v['alpha_us']:.1f} us, {v['gbs']:.3f} GB/s "
-                   f"(rms rel error {v['rms_rel_error']:.0%} over {v['rows']} sizes)")
+        typer.echo(f"{r['level']:<8} {r['primitive']:<15} {r['bytes']:>10} "
+                   f"{r['time_us']:>10.1f} {r['algbw_gbs']:>11.4f} {r['busbw_gbs']:>11.4f}")
+    for name, v in doc["levels"].items():
+        typer.echo(f"{name} ({v['link_class']}, {v['ranks']} ranks): alpha "
+                   f"{v['alpha_us']:.1f} us, {v['gbs']:.3f} GB/s (rms rel error "
+                   f"{v['rms_rel_error']:.0%} over {v['rows']} sizes)")
+    if "network_upper" in doc:
+        u = doc["network_upper"]
+        typer.echo(f"per switch level: bandwidth x{u['upper_level_factor']:.2f}, "
+                   f"+{u['hop_alpha_us']:.1f} us")
     typer.echo(f"stored {path}")

@@ -50,6 +50,7 @@ class Row:
     nbytes: int
     seconds: float
     link_class: str = "loopback"
+    level: str = "node"
 
     @property
     def algbw_gbs(self) -> float:
@@ -62,7 +63,8 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         return {"primitive": self.primitive, "n": self.n, "bytes": self.nbytes,
                 "time_us": self.seconds * 1e6, "algbw_gbs": self.algbw_gbs,
-                "busbw_gbs": self.busbw_gbs, "link_class": self.link_class}
+                "busbw_gbs": self.busbw_gbs, "link_class": self.link_class,
+                "level": self.level}
 
 
 @dataclass(frozen=True)

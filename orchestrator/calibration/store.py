@@ -1,11 +1,15 @@
 """calibration.json in the data dir, and the LinkFigures it implies. Pure module.
 
-The file: {"version": 1, "backend": "gloo", "world_size": 2, "measured_at": ...,
-"links": {"pcie": {"alpha_us": 35.2, "gbs": 1.9, ...}}, "rows": [...]}. Link classes map onto
-the cost model's figures:
+The file (report.py has the full layout): {"version": 2, "levels": {...}, "links": {"pcie":
+{"alpha_us": 35.2, "gbs": 1.9, "kind": "PHB", "span": 0, ...}}, "network_upper": {...},
+"rows": [...]}. Link classes map onto the cost model's figures:
   nvlink   NVLink4 / NVLink3 / per-link figures (scaled 450 : 300 : 25) and nvlink_alpha_us
-  pcie     the PCIe x16 figure of both generations and pcie_alpha_us
-  network  the InfiniBand figure (NDR and HDR) and net_alpha_us
+  pcie     the PCIe x16 figure of both generations and pcie_alpha_us; a ring measured over a
+           PHB / NODE / SYS path is divided by that path's factor first (the cost model
+           multiplies it back)
+  network  the InfiniBand figure (NDR and HDR) and net_alpha_us, for one leaf switch (a
+           finest measurement higher up is brought down by the per-level factor)
+  network_upper  upper_level_factor and hop_alpha_us (two or more network levels measured)
 so every estimate (`meshyard place`, the solver, the planner) uses measured numbers once a
 calibration is stored.
 """
@@ -57,9 +61,17 @@ def figures_from(doc: dict[str, Any] | None, base: LinkFigures | None = None) ->
                     nvlink_per_link_gbs=gbs / 18, nvlink_alpha_us=a)
     if "pcie" in links:
         gbs, a = float(links["pcie"]["gbs"]), float(links["pcie"]["alpha_us"])
+        gbs /= dict(f.pcie_factors).get(links["pcie"].get("kind") or "PIX", 1.0)
         f = replace(f, pcie4_x16_gbs=gbs, pcie5_x16_gbs=gbs, pcie_alpha_us=a)
+    upper = (doc or {}).get("network_upper")
+    if upper:
+        f = replace(f, upper_level_factor=float(upper["upper_level_factor"]),
+                    hop_alpha_us=float(upper["hop_alpha_us"]))
     if "network" in links:
         gbs, a = float(links["network"]["gbs"]), float(links["network"]["alpha_us"])
+        above = max(0, int(links["network"].get("span", 1)) - 1)
+        gbs /= f.upper_level_factor ** above
+        a = max(0.0, a - f.hop_alpha_us * above)
         f = replace(f, ib_ndr_gbs=gbs, ib_hdr_gbs=gbs, net_alpha_us=a)
     return f
 

@@ -60,7 +60,7 @@ def test_calibrate_two_processes_then_plan_uses_the_figures(tmp_path: Path) -> N
                  "PIX", "--json", "--top", "200", "--data-dir", str(data))
     before = _cli(*plan_args)
     assert before.returncode == 0, before.stderr
-    out = _cli("calibrate", "--nproc", "2", "--max-bytes", "256KiB", "--iters", "3",
+    out = _cli("calibrate", "--local", "--nproc", "2", "--max-bytes", "256KiB", "--iters", "3",
                "--link-class", "pcie", "--json", "--data-dir", str(data))
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)

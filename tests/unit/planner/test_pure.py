@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 MODULES = ["orchestrator.calibration.fit", "orchestrator.calibration.store",
+           "orchestrator.calibration.probes", "orchestrator.calibration.report",
            "orchestrator.placement.planner", "orchestrator.placement.autoplan",
            "orchestrator.placement.plan_layout"]
 
