@@ -195,14 +195,26 @@ def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int, *,
     return loss_sum / max(count, 1.0), votes > 0
 
 
+def _settle(run: _Run) -> None:
+    """On gloo, marks what is enqueued as completed (Progress.settle_collectives) at the two
+    points where the training thread has waited for all of it: a step's start, and the end of
+    its backward (DDP and FSDP wait for their gradient collectives before it returns; gloo's
+    two threads finish DDP's buckets in any order). Not on NCCL: the watchdog thread keeps
+    that watermark in order, and a collective can still be running on the GPU stream when
+    the host returns from backward."""
+    if run.device.type == "cpu":
+        run.progress.settle_collectives()
+
+
 def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     run.progress.enter(Phase.DATA, step)
-    run.progress.settle_collectives()
+    _settle(run)
     run.faults.before_step(step)
     batches = run.data.batches(step)
     loss = run.runner.train_step(batches, step=step, progress=run.progress)
     run.progress.enter(Phase.OPTIMIZER)
+    _settle(run)
     loss_value, stop = _reduce_loss(run, loss, step, stop=stop_requested)
     # The runner clips: a pipeline rank holds only its stages' parameters and sums the norm
     # over the pp group so clipping matches the whole model.

@@ -23,8 +23,7 @@ from sqlalchemy import create_engine  # noqa: E402
 from api.client import MeshyardClient  # noqa: E402
 from orchestrator.controller import pg_name  # noqa: E402
 from orchestrator.leader import current_leader  # noqa: E402
-from tests.integration.runtime.conftest import (  # noqa: E402, F401 - ray_cluster: a fixture
-    ray_cluster,
+from tests.integration.runtime.conftest import (  # noqa: E402
     serve_url,
     start_serve,
     tiny_spec,
@@ -50,7 +49,7 @@ def _leader_pid(engine: Any) -> int | None:
     return int(holder.rsplit(":", 1)[1]) if holder else None
 
 
-def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, tmp_path):  # noqa: F811
+def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, tmp_path):
     cluster_file = write_cluster_file(tmp_path / "cluster.yaml")
     engine = create_engine(postgres_url)
     procs: list[subprocess.Popen[bytes]] = []
