@@ -11,6 +11,11 @@ Async saves (``dcp.async_save``, a background thread) are used when the spec ask
 the previous save is awaited before the next one starts and at the end of training.
 ZeRO-1 (``ZeroRedundancyOptimizer``) keeps its state outside DCP's reach: its optimizer state
 is consolidated on rank 0 and saved with torch.save next to the DCP files.
+
+Each rank's RNG state (CPU, and CUDA when in use) goes into ``rng/rank_<r>.pt``, written
+before the rank's part counts as on disk, and is restored on resume: dropout masks after a
+restart are the ones the uninterrupted run would have drawn. A resume on more ranks than
+saved leaves the new ranks' RNG as seeded.
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ MARKER = "COMPLETE"
 # ranks in DCP's dedup, so a pp rank would load another stage's group.
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 ZERO1_FILE = "zero1_optim.pt"
+RNG_DIR = "rng"
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -76,6 +95,7 @@ class Checkpointer:
         self._zero1 = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
         self._pending: tuple[int, Any] | None = None
         self._last_saved = -1
+        self.rng_restored = False
         self._async = self._cfg.enabled and self._cfg.async_save and dist.is_initialized()
         # The async save's background thread runs collectives (plan / metadata exchange).
         # On the training group they would interleave with the main thread's gradient
@@ -106,6 +126,10 @@ class Checkpointer:
         self.wait()
         path = _step_dir(self._root, step)
         state = self._state()
+        # Taken with the state: the RNG as the next step will find it.
+        rng_file = path / RNG_DIR / f"rank_{self._rank}.pt"
+        rng_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(_rng_state(), rng_file)
         if self._zero1:
             self._opt.consolidate_state_dict(to=0)
             if self._rank == 0:
@@ -166,5 +190,9 @@ class Checkpointer:
                            options=StateDictOptions(strict=True))
         if zero1_state is not None:
             self._opt.load_state_dict(zero1_state)
+        rng_file = path / RNG_DIR / f"rank_{self._rank}.pt"
+        self.rng_restored = rng_file.is_file()
+        if self.rng_restored:
+            _set_rng_state(torch.load(rng_file, weights_only=True))
         self._last_saved = step
         return step

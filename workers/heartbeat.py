@@ -40,10 +40,10 @@ class Progress:
     def settle_collectives(self) -> None:
         """Called by the training thread where every collective enqueued so far on a training
         group has been waited for (a step's start, the end of its backward), so whatever is
-        enqueued is completed. Gloo's ``last_completed_collective`` alone can say otherwise for good:
-        its two worker threads each write the watermark after completing a work, so a thread
-        preempted between the two can write an older seq after a newer one (seen under load:
-        a rank blocked in user code that still showed one collective "pending")."""
+        enqueued is completed. Gloo's ``last_completed_collective`` alone can say otherwise
+        for good: its two worker threads each write the watermark after completing a work,
+        so a thread preempted between the two can write an older seq after a newer one (seen
+        under load: a rank blocked in user code that still showed one collective pending)."""
         self.completed_floor = {pg: s.last_enqueued for pg, s in collective_seqs().items()
                                 if pg not in _BACKGROUND_GROUPS}
 

@@ -236,7 +236,8 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
     run.progress.enter(Phase.CHECKPOINT)
     start = ckpt.load_latest()
     if start:
-        run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}")
+        run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}"
+                             + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)"))
     last_loss: float | None = None
     step = start
     stopped = False
