@@ -70,22 +70,27 @@ def test_resume_and_ddp_to_fsdp(tmp_path: Path) -> None:
 
 def test_resume_restores_each_ranks_rng_so_dropout_continues_the_same(tmp_path: Path) -> None:
     """With dropout, the masks after a restart are drawn from the RNG: a resumed run matches
-    the uninterrupted one only if every rank's RNG state came back with the checkpoint."""
+    the uninterrupted one only if every rank's RNG state came back with the checkpoint.
+
+    Launch 1 trains ``straight`` for 6 steps and ``cut`` for 3 (steps from the specs); launch
+    2 runs ``cut`` again with 6 steps (same file stem, so the same run dir) and resumes."""
     model = {"kind": "gpt", "n_layers": 2, "n_heads": 4, "d_model": 64, "vocab_size": 128,
              "seq_len": 32, "dropout": 0.3}
     ckpt = {"enabled": True, "every_steps": 3, "keep": 2, "async_save": False}
-    spec = variant("ddp", tmp_path / "specs", name="dropout", model=model, checkpoint=ckpt)
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    assert_ok(torchrun(nproc=2, specs=[spec], out=straight, extra=["--steps", "6"]))
-    assert_ok(torchrun(nproc=2, specs=[spec], out=cut, extra=["--steps", "3"]))
-    # One spec per launch: the run dir is --out itself.
-    assert sorted(p.name for p in (cut / "checkpoints" / "step_00000003" / "rng")
+
+    def spec(d: str, name: str, steps: int) -> Path:
+        return variant("ddp", tmp_path / d, name=name, model=model, checkpoint=ckpt,
+                       training={"steps": steps})
+
+    out = tmp_path / "runs"
+    assert_ok(torchrun(nproc=2, specs=[spec("a", "straight", 6), spec("a", "cut", 3)], out=out))
+    assert sorted(p.name for p in (out / "cut" / "checkpoints" / "step_00000003" / "rng")
                   .iterdir()) == ["rank_0.pt", "rank_1.pt"]
-    assert_ok(torchrun(nproc=2, specs=[spec], out=cut, extra=["--steps", "6"]))
-    log = (cut / "logs" / "rank_0.log").read_text()
+    assert_ok(torchrun(nproc=2, specs=[spec("b", "cut", 6)], out=out / "cut"))
+    log = (out / "cut" / "logs" / "rank_0.log").read_text()
     assert "resumed from checkpoint at step 3" in log and "reseeded" not in log
-    want = {m["step"]: m["loss"] for m in metrics(straight)}
-    got = {m["step"]: m["loss"] for m in metrics(cut)}
+    want = {m["step"]: m["loss"] for m in metrics(out / "straight")}
+    got = {m["step"]: m["loss"] for m in metrics(out / "cut")}
     assert sorted(got) == list(range(1, 7))
     for step in range(4, 7):
         assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), step
