@@ -145,8 +145,7 @@ class CalibrationRank:
     def info(self) -> dict[str, Any]:
         import ray
 
-        ctx = ray.get_runtime_context()
-        return {"ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+        return {"ip": ray.util.get_node_ip_address(),
                 "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
                 "cuda": torch.cuda.is_available()}
 

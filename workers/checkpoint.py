@@ -36,7 +36,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from orchestrator.spec import JobSpec
-from workers.heartbeat import mark_background_group
 
 MARKER = "COMPLETE"
 # Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
@@ -58,6 +57,10 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _rng_file(step_dir: Path, rank: int) -> Path:
+    return step_dir / RNG_DIR / f"rank_{rank}.pt"
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -101,10 +104,14 @@ class Checkpointer:
         # On the training group they would interleave with the main thread's gradient
         # all-reduces and deadlock, so async saves get their own gloo group.
         self._pg = dist.new_group(backend="gloo") if self._async else None
-        if self._pg is not None:
-            mark_background_group(self._pg.group_name)
 
     # -- state ------------------------------------------------------------------------------
+    @property
+    def background_groups(self) -> frozenset[str]:
+        """Flight Recorder names of the groups this checkpointer runs collectives on outside
+        the training step (the async save's)."""
+        return frozenset({self._pg.group_name}) if self._pg is not None else frozenset()
+
     def _state(self) -> dict[str, Any]:
         model = self._model
         if self._zero1:
@@ -127,7 +134,7 @@ class Checkpointer:
         path = _step_dir(self._root, step)
         state = self._state()
         # Taken with the state: the RNG as the next step will find it.
-        rng_file = path / RNG_DIR / f"rank_{self._rank}.pt"
+        rng_file = _rng_file(path, self._rank)
         rng_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_file)
         if self._zero1:
@@ -190,7 +197,7 @@ class Checkpointer:
                            options=StateDictOptions(strict=True))
         if zero1_state is not None:
             self._opt.load_state_dict(zero1_state)
-        rng_file = path / RNG_DIR / f"rank_{self._rank}.pt"
+        rng_file = _rng_file(path, self._rank)
         self.rng_restored = rng_file.is_file()
         if self.rng_restored:
             _set_rng_state(torch.load(rng_file, weights_only=True))

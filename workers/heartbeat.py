@@ -16,16 +16,6 @@ from pathlib import Path
 
 from workers.callbacks import CollectiveSeq, Heartbeat, Phase, TrainingCallbacks
 
-# Process groups whose collectives run in the background, across step boundaries (the async
-# checkpoint's group): the step-start floor below must not mark them completed.
-_BACKGROUND_GROUPS: set[str] = set()
-
-
-def mark_background_group(name: str) -> None:
-    """Declares a process group (by its Flight Recorder name) as running collectives outside
-    the training thread's step, e.g. the group ``dcp.async_save`` uses."""
-    _BACKGROUND_GROUPS.add(str(name))
-
 
 class Progress:
     """Step and phase of this rank; written by the training thread, read by the heartbeat."""
@@ -36,6 +26,9 @@ class Progress:
         self.since = time.time()
         # Per group, a collective seq known to be completed (see settle_collectives).
         self.completed_floor: dict[str, int] = {}
+        # Groups (Flight Recorder names) whose collectives run outside the training thread's
+        # step, across step boundaries (the async checkpoint's): never floored.
+        self.background_groups: frozenset[str] = frozenset()
 
     def settle_collectives(self) -> None:
         """Called by the training thread where every collective enqueued so far on a training
@@ -45,7 +38,7 @@ class Progress:
         so a thread preempted between the two can write an older seq after a newer one (seen
         under load: a rank blocked in user code that still showed one collective pending)."""
         self.completed_floor = {pg: s.last_enqueued for pg, s in collective_seqs().items()
-                                if pg not in _BACKGROUND_GROUPS}
+                                if pg not in self.background_groups}
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
         if step is not None:

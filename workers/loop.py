@@ -116,6 +116,7 @@ def run_training(
         ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
                             parts=run.runner.model_parts, optimizer=run.optimizer,
                             rank=env.rank)
+        progress.background_groups = ckpt.background_groups
         result = _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
         progress.enter(Phase.DONE)
         ok = True

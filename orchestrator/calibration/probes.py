@@ -42,10 +42,6 @@ class Probe:
     def ranks(self) -> int:
         return len(self.nodes)
 
-    def as_dict(self) -> dict[str, object]:
-        return {"level": self.level, "span": self.span, "nodes": list(self.nodes),
-                "gpu": self.gpu, "link_class": self.link_class}
-
 
 def plan_probes(cluster: ClusterTopology, *, free_cpus: Mapping[str, float],
                 cpus_per_rank: float = 0.5, max_ranks: int = 8,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,18 @@ def start_serve(data_dir: Path, *, token: str, address: str, cluster_file: Path,
         [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--ray-address", address,
          "--cluster-file", str(cluster_file), "--no-access-log", *extra],
         env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_serve(proc: subprocess.Popen[bytes], *, timeout_s: float = 30) -> None:
+    """SIGTERM (graceful shutdown), then SIGKILL if it has not exited within `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def serve_url(data_dir: Path, proc: subprocess.Popen[bytes], *, token: str | None = None,

@@ -26,6 +26,7 @@ from orchestrator.leader import current_leader  # noqa: E402
 from tests.integration.runtime.conftest import (  # noqa: E402
     serve_url,
     start_serve,
+    stop_serve,
     tiny_spec,
     write_cluster_file,
 )
@@ -98,13 +99,7 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, 
         assert takeover < 20, "generous bound: the standby took over"
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_serve(proc)
         engine.dispose()
 
 

@@ -5,7 +5,6 @@ the job uses (Ray node, gloo rendezvous) is loopback."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from api.client import MeshyardClient
+from tests.integration.runtime.conftest import stop_serve
 
 
 @pytest.mark.slow
@@ -51,9 +51,4 @@ def test_serve_demo_trains_quickstart_on_loopback(tmp_path: Path) -> None:
         assert ready and ready[0].data["master"]["addr"] == "127.0.0.1", ready
         assert url.startswith("http://127.0.0.1:")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop_serve(proc, timeout_s=60)

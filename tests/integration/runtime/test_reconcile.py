@@ -5,7 +5,6 @@ job finishes, and no state change, metric or log line is lost or written twice."
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from api.client import MeshyardClient
 from tests.integration.runtime.conftest import (
     serve_url,
     start_serve,
+    stop_serve,
     tiny_spec,
     write_cluster_file,
 )
@@ -59,11 +59,7 @@ def test_control_plane_killed_mid_job_loses_nothing(ray_cluster, tmp_path):
             logs = client.logs(job_id, rank=0, limit=10000).items
             attempts = [a.state for a in client.attempts(job_id).items]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc)
     assert states == ["QUEUED", "PLACING", "STARTING", "RUNNING", "SUCCEEDED"]
     assert attempts == ["SUCCEEDED"]  # reattached: no restart was needed
     assert metric_steps == list(range(1, steps + 1))  # every step once: nothing lost or doubled

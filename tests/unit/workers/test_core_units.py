@@ -192,15 +192,15 @@ def test_run_training_stops_between_steps_on_stop_event(tmp_path: Path) -> None:
 _FLOOR_SCRIPT = r"""
 import json, os
 import torch, torch.distributed as dist
-from workers.heartbeat import Progress, collective_seqs, mark_background_group
+from workers.heartbeat import Progress, collective_seqs
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
                         rank=0, world_size=1)
 bg = dist.new_group(backend="gloo")
-mark_background_group(bg.group_name)
 for _ in range(3):
     dist.all_reduce(torch.ones(4))
 dist.all_reduce(torch.ones(4), group=bg)
 progress = Progress()
+progress.background_groups = frozenset({bg.group_name})
 progress.settle_collectives()
 raw = collective_seqs()
 print(json.dumps({"bg": bg.group_name, "floor": progress.completed_floor,
