@@ -72,21 +72,14 @@ def _read(path: Path) -> str | None:
 
 
 def build_runtime(settings: Settings, store: Store) -> Runtime | None:
-    """The scheduler/controller runtime, when it is installed and enabled.
-
-    The runtime lives in `orchestrator.runtime` (`build_runtime(settings=, store=)`); until it
-    exists, or with `--no-scheduler`, the API runs alone and jobs stay QUEUED.
-    """
+    """The scheduler / controller runtime (`orchestrator.runtime.service`); None with
+    `--no-scheduler`, where the API runs alone and jobs stay QUEUED. Imported here, not at the
+    top, so the CLI's other commands start without loading Ray."""
     if not settings.scheduler_enabled:
         return None
-    try:
-        from orchestrator import runtime as runtime_module  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if exc.name not in ("orchestrator.runtime", None):
-            raise
-        return None
-    result: Runtime = runtime_module.build_runtime(settings=settings, store=store)
-    return result
+    from orchestrator.runtime.service import build_runtime as build
+
+    return build(settings=settings, store=store)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -202,7 +202,7 @@ def run_backend(name: str, *, database_url: str | None, args: argparse.Namespace
 
 @contextmanager
 def postgres_database(base: str) -> Iterator[str]:
-    from orchestrator.store.scratch import scratch_postgres_database
+    from tests.postgres import scratch_postgres_database
 
     with scratch_postgres_database(base, prefix="meshyard_bench_") as url:
         yield url

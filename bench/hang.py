@@ -139,7 +139,7 @@ def main() -> None:
 
     import ray
 
-    from orchestrator.runtime import Runtime
+    from orchestrator.runtime.service import Runtime
     from orchestrator.settings import Settings
     from orchestrator.store import open_store
 

@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.mesh import MeshShape  # noqa: E402
 from orchestrator.placement.cost import (  # noqa: E402
     ModelDims,
     call_seconds,
@@ -41,7 +42,6 @@ from orchestrator.placement.cost import (  # noqa: E402
     estimate_slots,
 )
 from orchestrator.placement.links import Link, LinkModel, worst  # noqa: E402
-from orchestrator.placement.mesh import MeshShape  # noqa: E402
 from orchestrator.placement.solver import Constraints, Placement, solve  # noqa: E402
 from orchestrator.topology.declared import load_cluster_file, parse_cluster_doc  # noqa: E402
 from orchestrator.topology.model import ClusterTopology  # noqa: E402

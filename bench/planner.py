@@ -36,15 +36,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.calibration.fit import Row, fit_by_class  # noqa: E402
-from orchestrator.calibration.store import figures_from  # noqa: E402
-from orchestrator.placement.memory import (  # noqa: E402
+from orchestrator.planner.calibration.figures import figures_from  # noqa: E402
+from orchestrator.planner.calibration.fit import Row, fit_by_class  # noqa: E402
+from orchestrator.planner.memory import (  # noqa: E402
     KNOWN_MODELS,
     MemoryConfig,
     ModelShape,
     memory_per_gpu,
 )
-from orchestrator.placement.planner import (  # noqa: E402
+from orchestrator.planner.planner import (  # noqa: E402
     Candidate,
     Hardware,
     PlanRequest,

@@ -115,7 +115,7 @@ class Service:
 
         from api.app import create_app
         from api.server import bind_socket
-        from orchestrator.runtime import Runtime
+        from orchestrator.runtime.service import Runtime
         from orchestrator.settings import Settings
         from orchestrator.store import open_store
 

@@ -10,13 +10,11 @@ Global batch is ``micro_batch_size * grad_accum_steps * dp_shard * dp_replicate`
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 SPEC_VERSION = 1
@@ -488,18 +486,6 @@ def _from_pydantic(err: ValidationError) -> list[FieldIssue]:
     return out
 
 
-def load_document(text: str, *, content_type: str = "application/json") -> Any:
-    """Parses JSON or YAML text into Python data, raising SpecValidationError on syntax errors."""
-    try:
-        if "yaml" in content_type or "yml" in content_type:
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        kind = "YAML" if "yaml" in content_type else "JSON"
-        issue = FieldIssue("<root>", f"invalid {kind}: {exc}", "parse_error")
-        raise SpecValidationError([issue]) from None
-
-
 def parse_spec(data: Any) -> JobSpec:
     """Validates raw data into a JobSpec, or raises SpecValidationError with every problem.
 
@@ -519,10 +505,6 @@ def parse_spec(data: Any) -> JobSpec:
     if issues:
         raise SpecValidationError(issues)
     return spec
-
-
-def parse_spec_text(text: str, *, content_type: str = "application/yaml") -> JobSpec:
-    return parse_spec(load_document(text, content_type=content_type))
 
 
 def json_schema() -> dict[str, Any]:

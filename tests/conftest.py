@@ -35,7 +35,7 @@ def postgres_url() -> Iterator[str]:
     base = _pg_base_url()
     if not base:
         pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)")
-    from orchestrator.store.scratch import scratch_postgres_database
+    from tests.postgres import scratch_postgres_database
 
     with scratch_postgres_database(base) as url:
         yield url

@@ -204,7 +204,7 @@ class WorkerActor:
 
     @ray.method(concurrency_group="control")
     def check_clean(self) -> dict[str, Any]:
-        """May this actor run another job? (warm pool; see orchestrator/pool.py)"""
+        """May this actor run another job? (warm pool; see orchestrator/runtime/pool.py)"""
         reasons = []
         if self._state not in ("idle", "completed"):
             reasons.append(f"last run ended {self._state}")

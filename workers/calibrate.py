@@ -2,7 +2,7 @@
 send/recv over message sizes, on the job's backend (gloo over loopback on CPU, NCCL on GPUs).
 
 Two ways to run it: ``run`` spawns local ranks (torch.multiprocessing), and
-:class:`CalibrationRank` is one rank as a Ray actor, which ``orchestrator.calibration.on_ray``
+:class:`CalibrationRank` is one rank as a Ray actor, which ``orchestrator.runtime.calibrate``
 places inside a node and across nodes per topology level.
 
     python -m workers.calibrate --nproc 2 --min-bytes 8 --max-bytes 16MiB --out rows.json
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from orchestrator.calibration.fit import PRIMITIVES
+from orchestrator.planner.calibration.fit import PRIMITIVES
 
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 

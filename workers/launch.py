@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.spec import JobSpec, SpecValidationError, parse_spec_text
+from orchestrator.documents import parse_spec_text
+from orchestrator.spec import JobSpec, SpecValidationError
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

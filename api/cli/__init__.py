@@ -1,15 +1,16 @@
 """`meshyard` console script. Each module below registers its commands on the root app."""
 
-from api.cli import spec_cmds  # noqa: F401  (registers commands)
+from api.cli import (  # noqa: F401  (each import registers its commands)
+    diag_cmds,
+    job_cmds,
+    log_cmds,
+    place_cmds,
+    plan_cmds,
+    server_cmds,
+    spec_cmds,
+    topo_cmds,
+)
 from api.cli.app import app
-
-for _name in ("server_cmds", "job_cmds", "topo_cmds", "place_cmds", "log_cmds", "diag_cmds",
-              "plan_cmds"):
-    try:
-        __import__(f"api.cli.{_name}")
-    except ModuleNotFoundError as exc:  # a command module not written yet
-        if exc.name != f"api.cli.{_name}":
-            raise
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from api.cli.app import app
-from orchestrator.placement.mesh import MeshShape
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.solver import Constraints, Placement, solve
 
 

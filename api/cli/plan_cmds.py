@@ -22,11 +22,11 @@ import typer
 
 from api.cli.app import app
 from api.cli.common import DataDirOpt, settings_from
-from orchestrator.calibration.report import build_doc
-from orchestrator.calibration.store import LINK_CLASSES, load_figures, save
-from orchestrator.placement.autoplan import format_table
-from orchestrator.placement.memory import KNOWN_MODELS, ModelShape
-from orchestrator.placement.planner import Hardware, PlanningError, PlanRequest, plan
+from orchestrator.planner.autoplan import format_table
+from orchestrator.planner.calibration.figures import LINK_CLASSES, load_figures, save
+from orchestrator.planner.calibration.report import build_doc
+from orchestrator.planner.memory import KNOWN_MODELS, ModelShape
+from orchestrator.planner.planner import Hardware, PlanningError, PlanRequest, plan
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
 
 
@@ -126,8 +126,8 @@ def _run_on_ray(*, settings: Any, cfg: dict[str, Any], max_ranks: int, cpus_per_
                 timeout_s: float, as_json: bool) -> dict[str, Any]:
     import ray
 
-    from orchestrator.calibration.on_ray import calibrate_on_ray
-    from orchestrator.runtime import connect_ray
+    from orchestrator.runtime.calibrate import calibrate_on_ray
+    from orchestrator.runtime.service import connect_ray
 
     declared = None
     if settings.cluster_file:
@@ -191,7 +191,7 @@ def calibrate_cmd(
                           iters=iters)
             doc = calibrate_doc(raw, link_class=link_class, nproc=nproc)
         else:
-            from orchestrator.calibration.fit import PRIMITIVES
+            from orchestrator.planner.calibration.fit import PRIMITIVES
             cfg = {"primitives": list(PRIMITIVES), "min_bytes": lo, "max_bytes": hi,
                    "warmup": 2, "iters": iters, "timeout_s": timeout}
             doc = _run_on_ray(settings=settings, cfg=cfg, max_ranks=max_ranks,

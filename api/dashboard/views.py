@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import ModelDims, communication_signature, estimate_slots
 from orchestrator.placement.links import LinkModel
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.spec import SpecValidationError, parse_spec
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
 from orchestrator.topology.declared import parse_cluster_doc

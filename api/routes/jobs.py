@@ -16,12 +16,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from api.admission import admission_issues
-from api.bodies import parse_document
 from api.deps import JobDep, SettingsDep, StoreDep, UserDep
 from api.errors import ApiError, Unprocessable
 from api.responses import model_response
 from api.routes.plans import record_plan, resolve_submitted, same_submission
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
+from orchestrator.documents import parse_document
 from orchestrator.lifecycle import JobState
 from orchestrator.spec import FieldIssue, SpecValidationError, parse_spec
 from orchestrator.store.jobs import BadCursor

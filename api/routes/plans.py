@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SettingsDep, StoreDep, UserDep
 from api.errors import Unprocessable
-from orchestrator.calibration.store import load_figures
-from orchestrator.placement.autoplan import format_table, hardware_for, resolve_auto
-from orchestrator.placement.memory import KNOWN_MODELS, ModelShape
-from orchestrator.placement.planner import Hardware, PlanningError, PlanRequest, PlanResult, plan
+from orchestrator.planner.autoplan import format_table, hardware_for, resolve_auto
+from orchestrator.planner.calibration.figures import load_figures
+from orchestrator.planner.memory import KNOWN_MODELS, ModelShape
+from orchestrator.planner.planner import Hardware, PlanningError, PlanRequest, PlanResult, plan
 from orchestrator.settings import Settings
 from orchestrator.spec import FieldIssue, JobSpec
 from orchestrator.store.repo import Store

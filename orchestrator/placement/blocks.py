@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.domains import Domain, Packing, fill, take_order
-from orchestrator.placement.mesh import MeshShape
 
 
 def block_sizes(mesh: MeshShape) -> list[int]:

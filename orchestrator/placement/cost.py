@@ -29,8 +29,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.links import Link, LinkFigures, LinkModel, Member, worst
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.topology.model import ClusterTopology
 
 _MIB = 1 << 20

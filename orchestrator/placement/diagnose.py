@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.domains import Packing, build_tree, free_of, tp_domains
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.nodeinfo import nvlink_domain_key
 from orchestrator.topology.model import ClusterTopology
 

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.blocks import block_sizes, candidates
 from orchestrator.placement.cost import Estimate, ModelDims, estimate_below
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
 from orchestrator.placement.domains import Domain, Packing, build_tree, flatten, has_pools, shape
 from orchestrator.placement.gpus import pick_node_gpus
 from orchestrator.placement.links import LinkFigures, LinkModel, intra_node_link
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
 from orchestrator.placement.ranks import RankPlacement, assign_slots, to_rank_placements
 from orchestrator.topology.model import (

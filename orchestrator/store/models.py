@@ -215,7 +215,7 @@ class ClusterNodeRow(Base):
 
 class LeaderLease(Base):
     """One row per lease name (e.g. "scheduler"): who leads until when. Used on SQLite only;
-    PostgreSQL uses a session advisory lock (orchestrator/leader.py)."""
+    PostgreSQL uses a session advisory lock (orchestrator/store/leader.py)."""
 
     __tablename__ = "leader_leases"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)

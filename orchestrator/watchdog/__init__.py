@@ -13,9 +13,9 @@ Flow (the controller drives it; everything here is pure and never acts):
    locations={rank: report.RankLocation(...)}, trigger="stall"|"straggler")`.
 4. `analyze.analyze(input)` -> `report.DiagnosisReport` (to_dict / to_json / to_markdown).
 
-In the runtime, `orchestrator.hangwatch.HangWatch` (called from the attempt controller's loop)
-drives this with `monitor.HangMonitor` (stall / silent detection once per episode, straggler
-probes, the spec's action); the poller stores each report (`orchestrator.diagnoses`).
+In the runtime, `orchestrator.runtime.hangwatch.HangWatch` (called from the attempt
+controller's loop) drives this with `monitor.HangMonitor` (stall / silent detection once per
+episode, straggler probes, the spec's action); the poller stores each report.
 
 Offline (`meshyard diagnose --fr DIR --logs DIR`): `offline.diagnose_offline(...)`.
 Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`.

@@ -12,7 +12,7 @@ The controller feeds it what it already drains from the workers every tick (metr
   (trigger "straggler") -- step times even out under all-reduce, enter times do not.
 * `decide(report)` -> the `Action` for a report under the spec's `watchdog.action`.
 
-It never touches Ray or the workers: the controller (orchestrator/hangwatch.py) acts.
+It never touches Ray or the workers: the controller (orchestrator/runtime/hangwatch.py) acts.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.lifecycle import JobState
-from orchestrator.placement.mesh import MeshShape
+from orchestrator.mesh import MeshShape
 from tests.e2e.conftest import DESKTOP, Server, shoot
 from tests.unit.dashboard.seed import (
     XSS_NAME,

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.documents import parse_spec_text
 from orchestrator.spec import (
     JobSpec,
     SpecValidationError,
     check_fits_cluster,
     json_schema,
     parse_spec,
-    parse_spec_text,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -139,7 +139,7 @@ def fresh_postgres_database() -> Iterator[str]:
     if not base:
         pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/"
                     "test); the PostgreSQL API cases need it")
-    from orchestrator.store.scratch import scratch_postgres_database
+    from tests.postgres import scratch_postgres_database
 
     with scratch_postgres_database(base, prefix="meshyard_api_") as url:
         yield url

@@ -98,7 +98,7 @@ def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
 
 @pytest.fixture()
 def runtime(settings: Settings, store: Store) -> Iterator[Any]:
-    from orchestrator.runtime import Runtime
+    from orchestrator.runtime.service import Runtime
 
     rt = Runtime(settings, store, tick_s=0.2)
     rt.start()

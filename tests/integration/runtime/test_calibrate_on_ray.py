@@ -16,12 +16,12 @@ import yaml
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
-from orchestrator.calibration.fit import bus_factor
-from orchestrator.calibration.on_ray import CalibrationError, _run_probe
-from orchestrator.calibration.probes import Probe
-from orchestrator.calibration.store import load, load_figures
-from orchestrator.inventory import build_inventory, read_ray_nodes
 from orchestrator.placement.links import LinkModel
+from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
+from orchestrator.planner.calibration.figures import load, load_figures
+from orchestrator.planner.calibration.fit import bus_factor
+from orchestrator.planner.calibration.probes import Probe
+from orchestrator.runtime.calibrate import CalibrationError, _run_probe
 from orchestrator.topology.declared import load_cluster_file
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,8 +7,8 @@ import time
 
 import ray
 
-from orchestrator.controller import find_controller
 from orchestrator.lifecycle import JobState
+from orchestrator.runtime.controller import find_controller
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_for, wait_state
 
 

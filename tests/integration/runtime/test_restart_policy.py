@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.lifecycle import JobState, Reason
-from orchestrator.planning import Pending, plan_job
-from orchestrator.poller import Poller
-from orchestrator.scheduler import Scheduler
+from orchestrator.placement.gang_plan import Pending, plan_job
+from orchestrator.runtime.poller import Poller
+from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.spec import parse_spec
 from tests.integration.runtime.conftest import submit, tiny_spec
-from tests.unit.runtime.test_planning import DECLARED, _ray
+from tests.unit.placement.test_gang_plan import DECLARED, _ray
 
 
 def _fail_attempt(store, poller: Poller, job_id: str, nodes: list[str]) -> None:
@@ -23,7 +23,7 @@ def _fail_attempt(store, poller: Poller, job_id: str, nodes: list[str]) -> None:
 
 
 def test_a_node_that_failed_twice_is_avoided_and_failures_end_in_max_failures(store, tmp_path):
-    from orchestrator.inventory import build_inventory
+    from orchestrator.placement.snapshot import build_inventory
 
     job_id = submit(store, tiny_spec("flaky-node", fault_tolerance={"max_failures": 2}))
     sched = Scheduler(store=store, runs_dir=Path(tmp_path), declared=lambda: DECLARED)

@@ -15,7 +15,7 @@ from tests.integration.runtime.conftest import submit, tiny_spec, wait_state
 
 @pytest.fixture()
 def runtime(settings, store) -> Iterator[Any]:
-    from orchestrator.runtime import Runtime
+    from orchestrator.runtime.service import Runtime
 
     rt = Runtime(settings, store, tick_s=0.2, warm_pool=2)
     rt.start()

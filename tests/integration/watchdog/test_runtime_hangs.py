@@ -51,7 +51,7 @@ def hang_spec(name: str, *, world: int = 3, fault: dict[str, Any] | None = None,
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Store]]:
     import ray
 
-    from orchestrator.runtime import Runtime
+    from orchestrator.runtime.service import Runtime
 
     tmp = tmp_path_factory.mktemp("hangs")
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,

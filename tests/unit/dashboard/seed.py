@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.lifecycle import JobState, Reason
-from orchestrator.placement.mesh import MeshShape
+from orchestrator.mesh import MeshShape
 from orchestrator.spec import parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store

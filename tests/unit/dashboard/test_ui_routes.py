@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.dashboard.session import COOKIE_NAME, csrf_token
 from orchestrator.lifecycle import JobState
-from orchestrator.placement.mesh import MeshShape
+from orchestrator.mesh import MeshShape
 from orchestrator.settings import Settings
 from orchestrator.store.db import make_engine, upgrade_database
 from orchestrator.store.records import JobRecord

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import (
     ModelDims,
     call_seconds,
@@ -21,7 +22,6 @@ from orchestrator.placement.links import (
     best_ring_link,
     intra_node_link,
 )
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.solver import Placement, solve
 from orchestrator.spec import parse_spec
 from tests.unit.placement.clusters import cluster, dgx1, nvswitch

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.solver import Constraints, Placement, solve
 from orchestrator.topology.model import ClusterTopology
 from tests.unit.placement.clusters import cluster, dgx1, islands, nvswitch, pcie

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.blocks import candidates
 from orchestrator.placement.diagnose import FailureReason, PlacementFailure
 from orchestrator.placement.domains import Packing, build_tree
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.ranks import assign_ranks, best_tp_groups, ranks_for_actors
 from orchestrator.placement.solver import Constraints, Placement, solve
 from orchestrator.topology.model import ClusterNode, ClusterTopology

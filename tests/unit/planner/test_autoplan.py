@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.placement.autoplan import (
+from orchestrator.planner.autoplan import (
     format_table,
     request_from_spec,
     resolve_auto,
     resolved_data,
 )
-from orchestrator.placement.planner import PlanningError
+from orchestrator.planner.planner import PlanningError
 from orchestrator.spec import SpecValidationError, parse_spec
 from orchestrator.topology.model import ClusterNode, ClusterTopology, Gpu, NodeTopology
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.calibration.fit import counts
-from orchestrator.calibration.probes import ProbeError, intra_link, plan_probes
-from orchestrator.calibration.report import build_doc
-from orchestrator.calibration.store import figures_from
 from orchestrator.placement.links import LinkModel, intra_node_link
+from orchestrator.planner.calibration.figures import figures_from
+from orchestrator.planner.calibration.fit import counts
+from orchestrator.planner.calibration.probes import ProbeError, intra_link, plan_probes
+from orchestrator.planner.calibration.report import build_doc
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
 
 

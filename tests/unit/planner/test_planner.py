@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.placement.memory import (
+from orchestrator.planner.memory import (
     KNOWN_MODELS,
     MemoryConfig,
     ModelShape,
     in_flight,
     memory_per_gpu,
 )
-from orchestrator.placement.planner import (
+from orchestrator.planner.planner import (
     Hardware,
     PlanningError,
     PlanRequest,

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.server import prepare
-from orchestrator.calibration.store import save
+from orchestrator.planner.calibration.figures import save
 from orchestrator.settings import Settings
 from orchestrator.store.repo import Store
 from orchestrator.topology.model import NodeTopology

@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-MODULES = ["orchestrator.calibration.fit", "orchestrator.calibration.store",
-           "orchestrator.calibration.probes", "orchestrator.calibration.report",
-           "orchestrator.placement.planner", "orchestrator.placement.autoplan",
-           "orchestrator.placement.plan_layout"]
+MODULES = ["orchestrator.planner.calibration.fit", "orchestrator.planner.calibration.figures",
+           "orchestrator.planner.calibration.probes", "orchestrator.planner.calibration.report",
+           "orchestrator.planner.planner", "orchestrator.planner.autoplan",
+           "orchestrator.planner.plan_layout"]
 
 
 def test_no_torch_ray_fastapi_sqlalchemy() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.placement.memory import KNOWN_MODELS
-from orchestrator.placement.planner import Hardware, PlanRequest, plan
+from orchestrator.planner.memory import KNOWN_MODELS
+from orchestrator.planner.planner import Hardware, PlanRequest, plan
 from orchestrator.topology.declared import pcie_topology
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
 

@@ -1,4 +1,4 @@
-from orchestrator.failures import group_failures, nodes_failed_twice, normalise, summarise
+from orchestrator.runtime.failures import group_failures, nodes_failed_twice, normalise, summarise
 
 
 def test_normalise_replaces_numbers_ids_and_addresses():

@@ -2,8 +2,8 @@
 
 import pytest
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.blocks import block_sizes
-from orchestrator.placement.mesh import MeshShape
 
 
 def test_docstring_example() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.bodies import MAX_DEPTH, parse_document
+from orchestrator.documents import MAX_DEPTH, parse_document
 from orchestrator.spec import SpecValidationError
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

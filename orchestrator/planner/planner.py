@@ -35,11 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import ModelDims, call_seconds, communication_signature
 from orchestrator.placement.links import LinkFigures
-from orchestrator.placement.memory import MemoryBreakdown, MemoryConfig, ModelShape, memory_per_gpu
-from orchestrator.placement.mesh import MeshShape
-from orchestrator.placement.plan_layout import Layout, PlanningError, layout_for
+from orchestrator.planner.memory import MemoryBreakdown, MemoryConfig, ModelShape, memory_per_gpu
+from orchestrator.planner.plan_layout import Layout, PlanningError, layout_for
 from orchestrator.topology.model import ClusterTopology
 
 _MAX_MICROBATCH_OPTIONS = 5

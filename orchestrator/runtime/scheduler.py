@@ -22,12 +22,17 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group
 
-from orchestrator.controller import launch_controller, pg_name
-from orchestrator.failures import nodes_failed_twice
-from orchestrator.inventory import Inventory, build_inventory, read_ray_nodes, reserved_gpus
 from orchestrator.lifecycle import JobState, Reason
+from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job
 from orchestrator.placement.links import LinkFigures
-from orchestrator.planning import GangPlan, Pending, plan_job
+from orchestrator.placement.snapshot import (
+    Inventory,
+    build_inventory,
+    read_ray_nodes,
+    reserved_gpus,
+)
+from orchestrator.runtime.controller import launch_controller, pg_name
+from orchestrator.runtime.failures import nodes_failed_twice
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store

@@ -1,6 +1,6 @@
 """Control-plane side of the hang watchdog: store the reports the controllers send.
 
-The controller (orchestrator/hangwatch.py) emits `diagnosis` events holding a
+The controller (orchestrator/runtime/hangwatch.py) emits `diagnosis` events holding a
 `DiagnosisReport.to_dict()`; the poller writes each one here with the attempt it belongs to
 and records a job event, so `GET /v1/jobs/{id}/diagnoses` and the dashboard show it.
 """

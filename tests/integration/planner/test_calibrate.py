@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.calibration.fit import Row, bus_factor, fit_alpha_beta
-from orchestrator.calibration.store import figures_from, load, load_figures
 from orchestrator.placement.links import LinkFigures
+from orchestrator.planner.calibration.figures import figures_from, load, load_figures
+from orchestrator.planner.calibration.fit import Row, bus_factor, fit_alpha_beta
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-c", "from api.cli import main; main()"]
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from orchestrator.mesh import MeshShape
 from orchestrator.placement.links import Link, LinkFigures, LinkModel, Member
-from orchestrator.placement.mesh import MeshShape
 from orchestrator.placement.nodeinfo import islands
 from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology, is_nvlink
 

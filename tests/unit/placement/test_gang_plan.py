@@ -1,7 +1,7 @@
 """Planning against an inventory built from Ray-like node records and a declared topology."""
 
-from orchestrator.inventory import RayNode, build_inventory, reserved_gpus
-from orchestrator.planning import GangPlan, Pending, plan_job
+from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job
+from orchestrator.placement.snapshot import RayNode, build_inventory, reserved_gpus
 from orchestrator.spec import parse_spec
 from orchestrator.topology.declared import parse_cluster_doc
 

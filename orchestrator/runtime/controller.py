@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from orchestrator.attempt import AttemptConfig, WorkerGang
+from orchestrator.runtime.gang import AttemptConfig, WorkerGang
 
 NAMESPACE = "meshyard"
 _TICK_S = 0.25
@@ -163,7 +163,7 @@ class AttemptController:
                 return False
 
     def _supervise(self, gang: WorkerGang) -> None:
-        from orchestrator.hangwatch import HangWatch, finish_data
+        from orchestrator.runtime.hangwatch import HangWatch, finish_data
 
         first_step = False
         watch = HangWatch(self.cfg, emit=self.log.emit)  # hang watchdog (issue 6)
@@ -211,7 +211,7 @@ class AttemptController:
                     self._ranks.setdefault(rank, {"rank": rank}).update(upd)
 
     def _fail(self, failures: list[dict[str, Any]]) -> None:
-        from orchestrator.failures import group_failures, summarise
+        from orchestrator.runtime.failures import group_failures, summarise
 
         groups = group_failures(failures)
         failed_nodes = sorted({g for grp in groups[:1] for g in grp.nodes})

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.placement.links import LinkFigures
-from orchestrator.placement.memory import ModelShape
-from orchestrator.placement.planner import (
+from orchestrator.planner.memory import ModelShape
+from orchestrator.planner.planner import (
     Hardware,
     Plan,
     PlanningError,

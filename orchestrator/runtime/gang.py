@@ -1,4 +1,4 @@
-"""One attempt's worker gang, driven by the controller (orchestrator/controller.py).
+"""One attempt's worker gang, driven by the controller (orchestrator/runtime/controller.py).
 
 `AttemptConfig` is what the scheduler hands the controller; `WorkerGang` creates the worker
 actors on the placement-group bundles, assigns ranks from where they really landed, launches
@@ -16,7 +16,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.ranking import assign_ranks, mesh_coords
+from orchestrator.mesh import MeshShape
+from orchestrator.placement.ranks import bundle_ranks
 
 _POLL_TIMEOUT_S = 5.0
 
@@ -35,7 +36,7 @@ class AttemptConfig:
     steps: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     cluster: dict[str, Any] | None = None  # cluster_to_dict of the nodes used (GPU jobs)
-    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/pool.py)
+    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttemptConfig:
@@ -92,13 +93,15 @@ class WorkerGang:
             return None
         landed = [dict(info, bundle=i) for i, info in enumerate(infos)]
         by_bundle = self._ranks_for(landed)
-        degrees = self.cfg.spec.get("parallelism", {})
+        p = self.cfg.spec.get("parallelism", {})
+        mesh = MeshShape(**{k: int(p.get(k, 1)) for k in ("pp", "dp_replicate", "dp_shard",
+                                                         "tp")})
         for i, rank in by_bundle.items():
             info, plan = landed[i], self.cfg.bundles[i]
             gpu = info["gpu_ids"][0] if info["gpu_ids"] else None
             self.workers[rank] = actors[i]
             self.ranks[rank] = {"rank": rank, "node": plan.get("node"), "node_id": info["node_id"],
-                                "gpu": gpu, "coords": mesh_coords(rank, degrees),
+                                "gpu": gpu, "coords": mesh.coords(rank),
                                 "pid": info["pid"], "ip": info["ip"], "bundle": i}
         rank0 = self.workers[0]
         port = ray.get(rank0.free_port.remote(), timeout=_POLL_TIMEOUT_S * 6)
@@ -109,7 +112,7 @@ class WorkerGang:
         """Bundle index → a warm pooled actor on the bundle's node (CPU bundles only)."""
         if not self.cfg.use_pool or any(b["resources"].get("GPU") for b in self.cfg.bundles):
             return {}
-        from orchestrator.pool import find_pool
+        from orchestrator.runtime.pool import find_pool
 
         pool = find_pool()
         if pool is None:
@@ -131,8 +134,8 @@ class WorkerGang:
         """Bundle index → rank, from where each actor landed (the placement module's rules
         for GPU jobs; planned order for CPU jobs)."""
         if self.cfg.cluster is None or not all(x["gpu_ids"] for x in landed):
-            return assign_ranks(bundles=self.cfg.bundles, landed=landed)
-        from orchestrator.placement.mesh import MeshShape
+            return bundle_ranks(bundles=self.cfg.bundles, landed=landed)
+        from orchestrator.mesh import MeshShape
         from orchestrator.placement.ranks import RankPlacement, ranks_for_actors
         from orchestrator.topology.declared import parse_cluster_doc
 
@@ -253,7 +256,7 @@ class WorkerGang:
 
     def kill(self, *, succeeded: bool = False) -> None:
         """Ends every worker; leased warm actors go back to the pool (reused only after a
-        clean success, see orchestrator/pool.py), the others are killed."""
+        clean success, see orchestrator/runtime/pool.py), the others are killed."""
         pooled = {a for actors in self._pooled.values() for a in actors}
         for w in self._actors or list(self.workers.values()):
             if w in pooled:
@@ -261,7 +264,7 @@ class WorkerGang:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(w, no_restart=True)
         if self._pooled:
-            from orchestrator.pool import find_pool
+            from orchestrator.runtime.pool import find_pool
 
             pool = find_pool()
             for node, actors in self._pooled.items():

@@ -24,9 +24,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from orchestrator.controller import NAMESPACE, find_controller, pg_name
-from orchestrator.diagnoses import store_diagnosis
 from orchestrator.lifecycle import ACTIVE_STATES, IllegalTransition, JobState, Reason
+from orchestrator.runtime.controller import NAMESPACE, find_controller, pg_name
+from orchestrator.runtime.diagnoses import store_diagnosis
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 

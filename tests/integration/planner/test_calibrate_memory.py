@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.placement.memory import MemoryConfig, ModelShape, memory_per_gpu
+from orchestrator.planner.memory import MemoryConfig, ModelShape, memory_per_gpu
 from orchestrator.spec import parse_spec
 from workers.launch import load_spec
 from workers.model import build_model, loss_fn
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = sorted((ROOT / "examples" / "tiny").glob("*.yaml"))
 GPT2 = {"name": "gpt2-mem", "resources": {"device": "cpu"}, "checkpoint": {"enabled": False},
         "model": {"kind": "gpt", "n_layers": 12, "n_heads": 12, "d_model": 768,

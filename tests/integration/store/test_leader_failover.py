@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOBS = 80
 
 pytestmark = pytest.mark.integration
 
 
 def run_child(url: str, holder: str, lease_s: float) -> None:
-    from orchestrator.leader import LeaderElector, LeaderLock
+    from orchestrator.store.leader import LeaderElector, LeaderLock
 
     engine = create_engine(url)
     leading = threading.Event()  # set after the election is recorded: claims come later

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.calibration.fit import Row, fit_alpha_beta
+from orchestrator.planner.calibration.fit import Row, fit_alpha_beta
 
 
 def build_doc(measured: Iterable[Mapping[str, Any]], *, mode: str, backend: str) -> dict[str, Any]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.placement.autoplan import request_from_spec, resolved_data
-from orchestrator.placement.planner import plan
+from orchestrator.planner.autoplan import request_from_spec, resolved_data
+from orchestrator.planner.planner import plan
 from orchestrator.spec import parse_spec
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
 from tests.integration.workers.launch_helpers import torchrun

@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.inventory import Inventory
-from orchestrator.ranking import mesh_coords
+from orchestrator.mesh import MeshShape
+from orchestrator.placement.links import LinkFigures
+from orchestrator.placement.snapshot import Inventory
+from orchestrator.placement.solver import Placement, solve_spec
 from orchestrator.spec import Device, JobSpec
 
 
@@ -66,8 +68,6 @@ def plan_job(spec: JobSpec, inv: Inventory, *, avoid: Iterable[str] = (),
              figures: Any = None) -> GangPlan | Pending:
     avoid_set = set(avoid) | set(spec.placement.avoid_nodes)
     if wants_gpus(spec, inv):
-        from orchestrator.solver_adapter import solve_gpu_plan
-
         return solve_gpu_plan(spec, inv, avoid=avoid_set, figures=figures)
     return _plan_cpu(spec, inv, avoid=avoid_set)
 
@@ -92,13 +92,13 @@ def _plan_cpu(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | P
                         "total_cpus": sum(total.values())})
     bundles: list[dict[str, Any]] = []
     rank = 0
-    degrees = spec.parallelism.model_dump()
+    mesh = MeshShape.from_parallelism(spec.parallelism)
     for n in sorted(nodes, key=lambda n: (-slots[n.name], n.name)):
         for _ in range(slots[n.name]):
             if rank == world:
                 break
             bundles.append({"rank": rank, "node": n.name, "node_id": n.node_id, "gpu": None,
-                            "coords": mesh_coords(rank, degrees), "resources": {"CPU": per}})
+                            "coords": mesh.coords(rank), "resources": {"CPU": per}})
             rank += 1
     used = sorted({b["node"] for b in bundles})
     return GangPlan(device="cpu", bundles=tuple(bundles),
@@ -107,3 +107,37 @@ def _plan_cpu(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | P
 
 def _node_cpus(inv: Inventory, node_id: str | None) -> float:
     return next((r.cpus for r in inv.ray_nodes if r.node_id == node_id), 0.0)
+
+
+_KIND = {"INFEASIBLE": "infeasible", "TP_DOMAIN_TOO_SMALL": "infeasible",
+         "INSUFFICIENT_FREE": "waiting", "FRAGMENTED": "fragmented"}
+
+
+def solve_gpu_plan(spec: JobSpec, inv: Inventory, *, avoid: set[str],
+                   figures: LinkFigures | None = None) -> GangPlan | Pending:
+    mesh = MeshShape.from_parallelism(spec.parallelism)
+    # solve_spec passes the job's own model sizes, so the estimate is for this job.
+    result = solve_spec(inv.cluster, spec, avoid=tuple(sorted(avoid)), figures=figures)
+    if not isinstance(result, Placement):
+        reason = getattr(result.reason, "value", str(result.reason))
+        return Pending(_KIND.get(reason, "waiting"), result.message,
+                       {"reason": reason, "needed_gpus": result.world_size,
+                        "free_gpus": result.free_gpus, "total_gpus": inv.total_gpus,
+                        "retryable": result.retryable})
+    cpus = spec.resources.cpus_per_worker
+    bundles = tuple(
+        {"rank": r.rank, "node": r.node, "node_id": inv.cluster.node(r.node).node_id,
+         "gpu": r.gpu, "coords": dict(r.coords), "resources": {"GPU": 1, "CPU": cpus}}
+        for r in result.ranks)
+    per_node = result.gpus_by_node()
+    summary = f"{mesh.world_size} ranks on " + ", ".join(
+        f"{n} GPUs {_compact(g)}" for n, g in per_node.items())
+    solver: dict[str, Any] = {"level": result.level, "domain": list(result.domain),
+                              "tp_within": result.tp_within, "relaxed": result.relaxed,
+                              "notes": list(result.notes),
+                              "estimate_s": getattr(result.estimate, "total_s", None)}
+    return GangPlan(device="gpu", bundles=bundles, summary=summary, solver=solver)
+
+
+def _compact(gpus: list[int]) -> str:
+    return ",".join(str(g) for g in gpus)

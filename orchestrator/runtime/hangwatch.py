@@ -1,6 +1,6 @@
 """The controller's hang watchdog driver (issue 6): detect, collect evidence, analyze, act.
 
-The attempt controller (orchestrator/controller.py) calls it from its supervise loop:
+The attempt controller (orchestrator/runtime/controller.py) calls it from its supervise loop:
 
     watch = HangWatch(cfg, emit=log.emit)         # when training is launched
     act = watch.tick(gang, drained)               # every tick, with what it drained
@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.attempt import AttemptConfig
+from orchestrator.runtime.gang import AttemptConfig
 from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation

@@ -1,4 +1,7 @@
-"""Decoding a submitted document (JSON or YAML) without letting it blow up the server.
+"""Decoding a job document (JSON or YAML) without letting it blow up the server. Pure module.
+
+Every text that becomes a spec goes through here: the REST submit route, `meshyard submit`,
+`python -m workers.launch --spec`.
 
 Two hostile inputs fit easily in the 1 MiB body limit: YAML aliases that expand
 exponentially when the spec is stored (`a: &a [x, x]`, `b: &b [*a, *a]`, ...), and nesting deep
@@ -12,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.spec import FieldIssue, SpecValidationError
+from orchestrator.spec import FieldIssue, JobSpec, SpecValidationError, parse_spec
 
 MAX_DEPTH = 32  # a JobSpec is ~4 levels deep; model.kwargs gets the rest
 
@@ -57,3 +60,12 @@ def parse_document(text: str, *, yaml_body: bool) -> Any:
     if not _depth_ok(data, MAX_DEPTH):
         raise _fail(f"invalid {kind}: nested deeper than {MAX_DEPTH} levels", "too_deep")
     return data
+
+
+def is_yaml(content_type: str) -> bool:
+    return "yaml" in content_type or "yml" in content_type
+
+
+def parse_spec_text(text: str, *, content_type: str = "application/yaml") -> JobSpec:
+    """A JobSpec from JSON or YAML text; SpecValidationError for syntax and field errors."""
+    return parse_spec(parse_document(text, yaml_body=is_yaml(content_type)))

@@ -1,6 +1,7 @@
 import pytest
 
-from orchestrator.ranking import assign_ranks, mesh_coords
+from orchestrator.mesh import MeshShape
+from orchestrator.placement.ranks import bundle_ranks
 
 
 def test_ranks_follow_the_planned_gpu_order_on_each_node():
@@ -9,21 +10,21 @@ def test_ranks_follow_the_planned_gpu_order_on_each_node():
     # Ray handed out other GPU indices, in another order
     landed = [{"node_id": "a", "gpu_ids": [3]}, {"node_id": "a", "gpu_ids": [2]},
               {"node_id": "b", "gpu_ids": [0]}, {"node_id": "b", "gpu_ids": [1]}]
-    assert assign_ranks(bundles=bundles, landed=landed) == {1: 0, 0: 1, 2: 2, 3: 3}
+    assert bundle_ranks(bundles=bundles, landed=landed) == {1: 0, 0: 1, 2: 2, 3: 3}
 
 
 def test_a_bundle_on_the_wrong_node_is_an_error():
     with pytest.raises(ValueError, match="label selector"):
-        assign_ranks(bundles=[{"rank": 0, "node_id": "a", "gpu": 0}],
+        bundle_ranks(bundles=[{"rank": 0, "node_id": "a", "gpu": 0}],
                      landed=[{"node_id": "b", "gpu_ids": [0]}])
 
 
 def test_cpu_bundles_keep_their_planned_rank():
     bundles = [{"rank": 1, "node_id": "a", "gpu": None}, {"rank": 0, "node_id": "a", "gpu": None}]
     landed = [{"node_id": "a", "gpu_ids": []}, {"node_id": "a", "gpu_ids": []}]
-    assert assign_ranks(bundles=bundles, landed=landed) == {0: 1, 1: 0}
+    assert bundle_ranks(bundles=bundles, landed=landed) == {0: 1, 1: 0}
 
 
 def test_mesh_coords_tp_fastest():
-    assert mesh_coords(5, {"pp": 2, "dp_shard": 2, "tp": 2}) == \
+    assert MeshShape(pp=2, dp_shard=2, tp=2).coords(5) == \
         {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}

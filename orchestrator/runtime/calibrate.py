@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.calibration.probes import Probe, intra_link, plan_probes
-from orchestrator.calibration.report import build_doc
+from orchestrator.planner.calibration.probes import Probe, intra_link, plan_probes
+from orchestrator.planner.calibration.report import build_doc
 from orchestrator.topology.model import ClusterTopology
 
 log = logging.getLogger("meshyard.calibrate")
@@ -37,7 +37,7 @@ def calibrate_on_ray(*, declared: ClusterTopology | None, cfg: dict[str, Any],
     """
     import ray
 
-    from orchestrator.inventory import build_inventory, read_ray_nodes
+    from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
 
     inv = build_inventory(ray_nodes=read_ray_nodes(ray), declared=declared)
     probes = plan_probes(inv.cluster, free_cpus=inv.free_cpus, cpus_per_rank=cpus_per_rank,

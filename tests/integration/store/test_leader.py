@@ -16,13 +16,13 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from orchestrator.leader import (
+from orchestrator.store.db import upgrade_database
+from orchestrator.store.leader import (
     LeaderElector,
     LeaderLock,
     current_leader,
     holder_is_dead_here,
 )
-from orchestrator.store.db import upgrade_database
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ name — the poller does that on its first pass — and sweep orphans) → sched
 threads. Stop order: threads, then Ray (only if this process started it). Controllers are
 detached: they keep training while the control plane is down and are picked up again.
 
-Warm pool (orchestrator/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WARM_POOL=N for
+Warm pool (orchestrator/runtime/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WARM_POOL=N for
 `meshyard serve`, keeps N pre-started worker actors per CPU-only node for CPU jobs.
 """
 
@@ -93,7 +93,7 @@ class Runtime:
                  train_fn: str | None = None, extra_env: dict[str, str] | None = None,
                  warm_pool: int = 0) -> None:
         self.settings = settings
-        self.warm_pool = warm_pool  # warm worker actors per CPU node (orchestrator/pool.py)
+        self.warm_pool = warm_pool  # warm worker actors per CPU node (orchestrator/runtime/pool.py)
         self.store = store
         self.tick_s = tick_s
         self.train_fn = train_fn
@@ -117,8 +117,8 @@ class Runtime:
     def start(self) -> None:
         import ray
 
-        from orchestrator.poller import Poller
-        from orchestrator.scheduler import Scheduler
+        from orchestrator.runtime.poller import Poller
+        from orchestrator.runtime.scheduler import Scheduler
 
         t0 = time.perf_counter()
         self.owns_ray = connect_ray(self.settings.ray_address)
@@ -132,11 +132,11 @@ class Runtime:
                                    launching=launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures)
         if self.warm_pool > 0:
-            from orchestrator.pool import ensure_pool
+            from orchestrator.runtime.pool import ensure_pool
 
             ensure_pool(self.warm_pool)
         self.poller = Poller(self.store, launching=launching)
-        # One active scheduler per database (orchestrator/leader.py): only the lock holder
+        # One active scheduler per database (orchestrator/store/leader.py): only the lock holder
         # schedules and polls; a standby serves the API's reads and takes over when it dies.
         self.elector = self._make_elector()
         if self.elector is not None:
@@ -168,7 +168,7 @@ class Runtime:
 
     # -- leadership -----------------------------------------------------------------------
     def _make_elector(self) -> Any:
-        from orchestrator.leader import LeaderElector, LeaderLock, is_shared_database
+        from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 
         url = self.store.engine.url.render_as_string(hide_password=False)
         if not is_shared_database(url):
@@ -183,7 +183,7 @@ class Runtime:
     def _reconcile(self) -> None:
         """On becoming leader: a fresh poller reattaches to live controllers by name and
         replays from the stored cursors; orphans are swept; nodes are registered."""
-        from orchestrator.poller import Poller, sweep_orphans
+        from orchestrator.runtime.poller import Poller, sweep_orphans
 
         self._elected.clear()
         self.poller = Poller(self.store, launching=self._launching)
@@ -197,7 +197,7 @@ class Runtime:
             self.scheduler.tick()
 
     def _poll_pass(self) -> None:
-        from orchestrator.poller import sweep_orphans
+        from orchestrator.runtime.poller import sweep_orphans
 
         if not self.is_leader:
             return
@@ -224,7 +224,7 @@ class Runtime:
         """Writes Ray's live nodes joined with their topology into the store (GET /v1/cluster)."""
         import ray
 
-        from orchestrator.inventory import build_inventory, read_ray_nodes
+        from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
         from orchestrator.topology.serialize import node_topology_to_dict
 
         rn = read_ray_nodes(ray)
@@ -246,7 +246,7 @@ class Runtime:
         """Blocks until the warm pool holds `warm_pool` ready actors on every CPU node."""
         import ray
 
-        from orchestrator.pool import find_pool
+        from orchestrator.runtime.pool import find_pool
 
         deadline = time.monotonic() + timeout_s
         ready: dict[str, int] = {}
@@ -260,7 +260,7 @@ class Runtime:
 
 
 def _calibrated_figures(data_dir: Path) -> Any:
-    from orchestrator.calibration.store import load_figures
+    from orchestrator.planner.calibration.figures import load_figures
 
     try:
         return load_figures(data_dir)

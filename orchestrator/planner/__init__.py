@@ -1,0 +1,1 @@
+"""The parallelism planner: which tp / pp / dp / ZeRO layout, memory, calibration."""

@@ -1,0 +1,1 @@
+"""The runtime: Ray glue of the control plane (scheduler, poller, controllers, workers)."""
