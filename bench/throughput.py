@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from workers.env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "throughput.json"
@@ -64,12 +65,6 @@ PEAK_FLOPS = {
     "H100": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12},
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:

@@ -3,6 +3,9 @@
 Pure module. `transition()` is the only function that changes a job's state; it returns the new
 state and the event to record, and raises IllegalTransition for anything not in the table.
 The store applies the pair atomically (state column + event row in one transaction).
+
+A job has attempts (`AttemptState`, one row per attempt) and an attempt has ranks
+(`RankState`, what the attempt's controller last reported for each).
 """
 
 from __future__ import annotations
@@ -60,6 +63,32 @@ class Reason(StrEnum):
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.PLACEMENT_TIMEOUT, Reason.SETUP_ERROR,
                              Reason.WORKER_CRASH, Reason.HANG_DETECTED, Reason.MAX_FAILURES,
                              Reason.CONTROLLER_LOST, Reason.INTERNAL_ERROR})
+
+class AttemptState(StrEnum):
+    """An attempt's row in the store. RUNNING from the moment it is placed until it ends."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PLACEMENT_TIMEOUT = "PLACEMENT_TIMEOUT"
+    LOST = "LOST"  # its controller vanished before training started
+
+
+class RankState(StrEnum):
+    """A rank as its controller reports it: STARTING until its worker runs, then the worker's
+    own state (IDLE ... ERROR), and the attempt's end (SUCCEEDED, FAILED, CANCELLED)."""
+
+    STARTING = "STARTING"
+    IDLE = "IDLE"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    STOPPED = "STOPPED"
+    ERROR = "ERROR"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
 
 S = JobState
 # from-state -> allowed to-states. Anything else is a bug in the caller.

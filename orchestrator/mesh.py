@@ -1,4 +1,5 @@
-"""The job's device mesh: dimension order (pp, dp_replicate, dp_shard, tp), row-major.
+"""The rank <-> mesh-coordinates contract: dimension order (pp, dp_replicate, dp_shard, tp),
+row-major. The solver, the runtime, the watchdog and the workers all use this one module.
 
 tp varies fastest and pp slowest (the Megatron / torchtitan convention), so
 
@@ -8,14 +9,23 @@ Pure module (stdlib only).
 
 Example, MeshShape(pp=2, dp_replicate=1, dp_shard=2, tp=2) (world 8):
 
+    rank:  0  1  2  3  4  5  6  7
+    pp:    0  0  0  0  1  1  1  1
+    dp_sh: 0  0  1  1  0  0  1  1
+    tp:    0  1  0  1  0  1  0  1
+
     rank 5 -> {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
     groups("tp")       == [(0, 1), (2, 3), (4, 5), (6, 7)]
     groups("dp_shard") == [(0, 2), (1, 3), (4, 6), (5, 7)]
     groups("pp")       == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+The flattened data-parallel coordinate (which data shard a rank reads) is
+``dp_replicate * dp_shard_size + dp_shard``: `dp_index`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -44,6 +54,11 @@ class MeshShape:
         return cls(pp=parallelism.pp, dp_replicate=parallelism.dp_replicate,
                    dp_shard=parallelism.dp_shard, tp=parallelism.tp)
 
+    @classmethod
+    def from_degrees(cls, degrees: Mapping[str, Any]) -> MeshShape:
+        """From a mapping holding some of the four degrees (the others are 1)."""
+        return cls(**{d: int(degrees.get(d, 1)) for d in DIMS})
+
     @property
     def sizes(self) -> tuple[int, ...]:
         return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
@@ -53,8 +68,20 @@ class MeshShape:
         return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
+    def dp(self) -> int:
+        """Data-parallel world: dp_replicate * dp_shard."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
     def n_tp_groups(self) -> int:
         return self.world_size // self.tp
+
+    def validate_world(self, world_size: int) -> None:
+        if world_size != self.world_size:
+            raise ValueError(
+                f"world size {world_size} != pp*dp_replicate*dp_shard*tp = "
+                f"{self.pp}*{self.dp_replicate}*{self.dp_shard}*{self.tp} = {self.world_size}; "
+                f"launch {self.world_size} processes or change the parallel degrees")
 
     def stride(self, dim: str) -> int:
         """Rank distance between neighbours along `dim` (tp: 1, dp_shard: tp, ...)."""
@@ -65,6 +92,11 @@ class MeshShape:
         return out
 
     def coords(self, rank: int) -> dict[str, int]:
+        """Global rank -> coordinate per dimension.
+
+        >>> MeshShape(pp=2, dp_shard=2, tp=2).coords(5)
+        {'pp': 1, 'dp_replicate': 0, 'dp_shard': 0, 'tp': 1}
+        """
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world size {self.world_size}")
         rank, tp = divmod(rank, self.tp)
@@ -72,7 +104,8 @@ class MeshShape:
         pp, dp_replicate = divmod(rank, self.dp_replicate)
         return {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp}
 
-    def rank_of(self, coords: dict[str, int]) -> int:
+    def rank_of(self, coords: Mapping[str, int]) -> int:
+        """Coordinates -> global rank (inverse of `coords`; missing dimensions are 0)."""
         rank = 0
         for dim in DIMS:
             value = coords.get(dim, 0)
@@ -80,6 +113,18 @@ class MeshShape:
                 raise ValueError(f"{dim}={value} outside 0..{getattr(self, dim) - 1}")
             rank += value * self.stride(dim)
         return rank
+
+    def dp_index(self, rank: int) -> int:
+        """Flattened data-parallel coordinate: which data shard this rank reads."""
+        c = self.coords(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def group_ranks(self, dim: str, rank: int) -> list[int]:
+        """Global ranks in `rank`'s group along `dim`, ascending."""
+        if dim not in DIMS:
+            raise ValueError(f"unknown mesh dim {dim!r}; one of {DIMS}")
+        c = self.coords(rank)
+        return [self.rank_of({**c, dim: i}) for i in range(getattr(self, dim))]
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:
         """Rank groups that differ only along `dim`, each ascending, ordered by first rank."""

@@ -1,17 +1,19 @@
 """The Ray actor that hosts one rank: thin glue around the workers core.
 
 The controller creates one `WorkerActor` per placement-group bundle, asks it where it landed
-(`info`: Ray node id, GPU ids, IP), then calls `run(assignment)`, which
+(`info`: Ray node id, GPU ids, IP), then calls `run(assignment)` with a typed
+`workers.assignment.RankAssignment`, which
 
 1. applies the rank environment (``workers.env.worker_env``: RANK, WORLD_SIZE, MASTER_ADDR/PORT,
    NCCL and Flight Recorder variables),
 2. redirects this process's stdout / stderr (file descriptors 1 and 2, so C++ output from gloo
    or NCCL is captured too) to ``<run_dir>/logs/attempt-<n>/rank-<r>.{stdout,stderr}``,
 3. runs the training function (``workers.loop:run_training`` unless the assignment names
-   another import path) in the actor's default thread, and returns a small result dict, or an
-   error dict with the exception type, message and traceback.
+   another import path) in the actor's default thread, and returns a `RankResult`: completed,
+   stopped, or an error with the exception type, message and traceback.
 
-While it runs, the controller drains `poll()` (heartbeat, metrics, log lines) and may call
+While it runs, the controller drains `poll()` (a `WorkerPoll`: heartbeat, metrics, log lines)
+and may call
 `stop()`; both live in the "control" concurrency group so they are served while the training
 thread is busy. `diagnostics()` has its own group ("diag") so a hang investigation is never
 queued behind a poll.
@@ -19,7 +21,6 @@ queued behind a poll.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import os
@@ -35,6 +36,7 @@ from typing import Any
 
 import ray
 
+from workers.assignment import RankAssignment, RankResult, WorkerPoll, WorkerState
 from workers.logcapture import LogCapture
 
 _MAX_BUFFERED_LOGS = 20_000
@@ -70,11 +72,11 @@ class _Buffer:
             self._logs.append({"rank": self.rank, "stream": stream, "line": line,
                                "time": time.time()})
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self, state: WorkerState) -> WorkerPoll:
         with self._lock:
-            out = {"metrics": list(self._metrics), "logs": list(self._logs),
-                   "heartbeat": self.heartbeat, "last_step": self.last_step,
-                   "dropped_logs": self._dropped_logs}
+            out = WorkerPoll(state=state, metrics=tuple(self._metrics), logs=tuple(self._logs),
+                             heartbeat=self.heartbeat, last_step=self.last_step,
+                             dropped_logs=self._dropped_logs)
             self._metrics.clear()
             self._logs.clear()
             self._dropped_logs = 0
@@ -107,9 +109,9 @@ class WorkerActor:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._buf = _Buffer(rank=-1)
-        self._state = "idle"
-        self._assignment: dict[str, Any] | None = None
-        self._last_assignment: dict[str, Any] | None = None  # diagnostics after a failed run
+        self._state = WorkerState.IDLE
+        self._assignment: RankAssignment | None = None
+        self._last_assignment: RankAssignment | None = None  # diagnostics after a failed run
         self._jobs_run = 0
         self._baseline_threads = {t.ident for t in threading.enumerate()}
 
@@ -123,9 +125,9 @@ class WorkerActor:
     @ray.method(concurrency_group="control")
     def free_port(self) -> int:
         """A port free on this node now, for MASTER_PORT when this actor is rank 0."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((ray.util.get_node_ip_address(), 0))
-            return int(s.getsockname()[1])
+        from workers.env import free_port
+
+        return free_port(ray.util.get_node_ip_address())
 
     @ray.method(concurrency_group="control")
     def warm(self) -> float:
@@ -134,65 +136,59 @@ class WorkerActor:
         import torch  # noqa: F401
 
         for mod in ("workers.loop", "workers.env"):
-            with contextlib.suppress(ModuleNotFoundError):
-                importlib.import_module(mod)
+            importlib.import_module(mod)
         return time.perf_counter() - t0
 
-    def run(self, assignment: dict[str, Any]) -> dict[str, Any]:
+    def run(self, assignment: RankAssignment) -> RankResult:
         """Trains one rank to completion (or until stopped). Never raises for training errors:
-        returns {"status": "error", ...} so the controller can group messages; a dead process
-        shows up as RayActorError on this call instead."""
-        rank = int(assignment["rank"])
+        returns an ERROR result so the controller can group messages; a dead process shows up
+        as RayActorError on this call instead."""
+        rank = assignment.rank
         self._stop.clear()
         self._buf = _Buffer(rank=rank)
         self._assignment = self._last_assignment = assignment
-        self._state = "running"
-        log_dir = Path(assignment["log_dir"])
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self._state = WorkerState.RUNNING
+        Path(assignment.log_dir).mkdir(parents=True, exist_ok=True)
         saved = _ProcessState.capture()
-        capture = LogCapture(stdout=log_dir / f"rank-{rank}.stdout",
-                             stderr=log_dir / f"rank-{rank}.stderr", sink=self._buf.log)
+        capture = LogCapture(stdout=assignment.log_path("stdout"),
+                             stderr=assignment.log_path("stderr"), sink=self._buf.log)
         capture.start()
         try:
-            return self._train(assignment, log_dir=log_dir)
+            return self._train(assignment)
         finally:
             capture.stop()
             self._jobs_run += 1
             self._assignment = None
             saved.restore()
 
-    def _train(self, assignment: dict[str, Any], *, log_dir: Path) -> dict[str, Any]:
-        rank = int(assignment["rank"])
+    def _train(self, a: RankAssignment) -> RankResult:
         t0 = time.time()
         try:
-            spec = _parse_spec(assignment["spec"])
-            _apply_rank_env(spec, assignment)
-            fn = _load(assignment.get("train_fn") or "workers.loop:run_training")
-            callbacks = _ActorCallbacks(self._buf, log_dir / f"rank-{rank}.log")
-            kwargs: dict[str, Any] = {"out_dir": assignment["run_dir"], "callbacks": callbacks,
-                                      "stop_event": self._stop}
-            if assignment.get("steps") is not None:
-                kwargs["steps"] = assignment["steps"]
-            kwargs["attempt"] = int(assignment.get("attempt", 1))
+            _apply_rank_env(a)
+            fn = _load(a.train_fn or "workers.loop:run_training")
+            callbacks = _ActorCallbacks(self._buf, a.log_path("log"))
+            kwargs: dict[str, Any] = {"out_dir": a.run_dir, "callbacks": callbacks,
+                                      "stop_event": self._stop, "attempt": a.attempt}
+            if a.steps is not None:
+                kwargs["steps"] = a.steps
             params = inspect.signature(fn).parameters
-            result = fn(spec, **{k: v for k, v in kwargs.items() if k in params})
-            self._state = "stopped" if self._stop.is_set() else "completed"
-            return {"status": self._state, "rank": rank, "last_step": self._buf.last_step,
-                    "seconds": time.time() - t0, "result": _jsonable(result)}
+            result = fn(a.spec, **{k: v for k, v in kwargs.items() if k in params})
+            self._state = WorkerState.STOPPED if self._stop.is_set() else WorkerState.COMPLETED
+            return RankResult(rank=a.rank, state=self._state, last_step=self._buf.last_step,
+                              seconds=time.time() - t0, result=_jsonable(result))
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, not swallowed
-            self._state = "error"
+            self._state = WorkerState.ERROR
             tb = traceback.format_exc()
             sys.stderr.write(tb)
             sys.stderr.flush()
-            return {"status": "error", "rank": rank, "error_type": type(exc).__name__,
-                    "message": str(exc) or type(exc).__name__, "traceback": tb,
-                    "last_step": self._buf.last_step, "seconds": time.time() - t0}
+            return RankResult(rank=a.rank, state=WorkerState.ERROR,
+                              error_type=type(exc).__name__,
+                              message=str(exc) or type(exc).__name__, traceback=tb,
+                              last_step=self._buf.last_step, seconds=time.time() - t0)
 
     @ray.method(concurrency_group="control")
-    def poll(self) -> dict[str, Any]:
-        out = self._buf.drain()
-        out["state"] = self._state
-        return out
+    def poll(self) -> WorkerPoll:
+        return self._buf.drain(self._state)
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
@@ -206,7 +202,7 @@ class WorkerActor:
     def check_clean(self) -> dict[str, Any]:
         """May this actor run another job? (warm pool; see orchestrator/runtime/pool.py)"""
         reasons = []
-        if self._state not in ("idle", "completed"):
+        if self._state not in (WorkerState.IDLE, WorkerState.COMPLETED):
             reasons.append(f"last run ended {self._state}")
         try:
             import torch.distributed as dist
@@ -225,27 +221,24 @@ class WorkerActor:
 
     @ray.method(concurrency_group="diag")
     def diagnostics(self, request: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Evidence for the hang watchdog: stacks of every thread, the last heartbeat and,
-        when the watchdog module is present, its richer evidence (Flight Recorder dump)."""
+        """Evidence for the hang watchdog: stacks of every thread, the last heartbeat and the
+        richer evidence of `workers.evidence` (Flight Recorder dump, NCCL log errors)."""
+        from workers.evidence import collect_evidence
+
         out: dict[str, Any] = {"rank": self._buf.rank, "pid": os.getpid(),
                                "heartbeat": self._buf.heartbeat, "state": self._state,
                                "stacks": _thread_stacks()}
-        try:
-            from workers.diagnostics import collect_evidence
-        except ImportError:
-            return out
         # After a failed run the Flight Recorder still holds what this rank ran (evidence for
         # the hang watchdog when a peer aborted it); the assignment says where to write.
         a = self._assignment or self._last_assignment
         hb, req = self._buf.heartbeat or {}, dict(request or {})
         if a is None:
             return out  # not running a job: nothing to collect
-        rank, log_dir = int(a["rank"]), Path(a["log_dir"])
         try:
             out["evidence"] = _jsonable(collect_evidence(
-                a["run_dir"], rank, stamp=req.get("stamp"), step=hb.get("step"),
+                a.run_dir, a.rank, stamp=req.get("stamp"), step=hb.get("step"),
                 phase=hb.get("phase"), fr_stack_traces=bool(req.get("fr_stack_traces")),
-                log_paths=tuple(str(log_dir / f"rank-{rank}.{s}") for s in ("stdout", "stderr"))))
+                log_paths=tuple(str(a.log_path(s)) for s in ("stdout", "stderr"))))
         except Exception as exc:  # noqa: BLE001 - diagnostics never raise
             out["evidence_error"] = f"{type(exc).__name__}: {exc}"
         return out
@@ -286,18 +279,12 @@ class _ProcessState:
                 sys.modules.pop(name, None)
 
 
-def _apply_rank_env(spec: Any, assignment: dict[str, Any]) -> None:
+def _apply_rank_env(a: RankAssignment) -> None:
     from workers.env import apply_env, worker_env
 
-    env = worker_env(spec, run_dir=assignment["run_dir"], **assignment["dist"])
-    env.update({k: str(v) for k, v in assignment.get("env", {}).items()})
-    apply_env(env, run_dir=assignment["run_dir"])
-
-
-def _parse_spec(data: dict[str, Any]) -> Any:
-    from orchestrator.spec import parse_spec
-
-    return parse_spec(data)
+    env = worker_env(a.spec, run_dir=a.run_dir, **a.dist.as_kwargs())
+    env.update({k: str(v) for k, v in a.env.items()})
+    apply_env(env, run_dir=a.run_dir)
 
 
 def _thread_stacks() -> dict[str, str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 import warnings
@@ -34,6 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from orchestrator.planner.calibration.fit import PRIMITIVES
+from workers.env import free_port
 
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -150,7 +150,7 @@ class CalibrationRank:
                 "cuda": torch.cuda.is_available()}
 
     def free_port(self) -> int:
-        return _free_port()
+        return free_port()
 
     def run(self, rank: int, n: int, addr: str, port: int,
             cfg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -158,12 +158,6 @@ class CalibrationRank:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         return measure(rank, n, addr=addr, port=port, cfg={**cfg, "backend": backend})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(*, nproc: int, out: Path, min_bytes: int = 8, max_bytes: int = 16 << 20,
@@ -178,7 +172,7 @@ def run(*, nproc: int, out: Path, min_bytes: int = 8, max_bytes: int = 16 << 20,
     cfg = {"backend": backend, "primitives": list(primitives), "min_bytes": min_bytes,
            "max_bytes": max_bytes, "warmup": warmup, "iters": iters, "out": str(out)}
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(nproc, _free_port(), cfg), nprocs=nproc, join=True)
+    mp.spawn(_worker, args=(nproc, free_port(), cfg), nprocs=nproc, join=True)
     return list(json.loads(Path(out).read_text()))
 
 

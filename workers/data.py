@@ -1,7 +1,7 @@
 """Training data: synthetic token sequences or a local text file read as bytes.
 
 Every micro-batch is a pure function of (seed, step, micro-step, data shard): a rank reads
-its shard (its flattened data-parallel coordinate, :meth:`ParallelDims.dp_index`), and the
+its shard (its flattened data-parallel coordinate, ``MeshShape.dp_index``), and the
 single-process reference reads every shard in order and concatenates them. So the reference
 sees exactly the distributed global batch (``micro_batch_size * grad_accum_steps * dp``
 sequences per step), and a resumed run sees exactly what the uninterrupted one saw.

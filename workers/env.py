@@ -17,8 +17,8 @@ are read when the first group is built), so :func:`apply_env` runs first.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,35 +27,14 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.spec import Device, JobSpec
+from workers.assignment import DistEnv
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
-        """Reads torchrun-style variables; a missing RANK means a single process."""
-        env = os.environ if environ is None else environ
-        world = int(env.get("WORLD_SIZE", "1"))
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            world_size=world,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29500")),
-        )
-
-    @classmethod
-    def single(cls) -> DistEnv:
-        return cls(rank=0, local_rank=0, world_size=1, local_world_size=1,
-                   master_addr="127.0.0.1", master_port=0)
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (MASTER_PORT of a rendezvous; tests' torchrun ports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def debug_env(spec: JobSpec, *, run_dir: str | Path) -> dict[str, str]:

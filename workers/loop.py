@@ -29,16 +29,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from orchestrator.mesh import MeshShape
 from orchestrator.spec import GPTModel, JobSpec
 from workers import mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
-from workers.diagnostics import announce_step_collective
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
+from workers.evidence import announce_step_collective
 from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
 from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
-from workers.mesh import ParallelDims, build_mesh
+from workers.mesh import build_mesh
 from workers.model import build_model, loss_fn
 from workers.parallelize import build_optimizer, dp_plan, parallelize
 from workers.runner import BuildContext, StepRunner, build_runner
@@ -98,7 +99,7 @@ def run_training(
     env = DistEnv.single() if reference else (dist_env or DistEnv.from_environ())
     seed = spec.training.seed if seed is None else seed
     total = spec.training.steps if steps is None else steps
-    dims = ParallelDims() if reference else ParallelDims.from_spec(spec)
+    dims = MeshShape() if reference else MeshShape.from_parallelism(spec.parallelism)
     dims.validate_world(env.world_size)
     progress = Progress()
     hb = HeartbeatThread(progress, cbs, rank=env.rank, interval_s=heartbeat_interval_s)
@@ -132,7 +133,7 @@ def run_training(
             dist.destroy_process_group()
 
 
-def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
+def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
            device: torch.device, seed: int, reference: bool, progress: Progress,
            callbacks: TrainingCallbacks, attempt: int) -> _Run:
     mesh = build_mesh(dims, device_type=device.type) if env.world_size > 1 else None
@@ -148,7 +149,8 @@ def _setup(spec: JobSpec, *, built: Any, dims: ParallelDims, env: DistEnv,
                        rank=env.rank, faults=faults, loss_fn=loss_fn, parallelize_chunk=chunk)
     runner = build_runner(ctx)
     optimizer = build_optimizer(spec, parts=runner.model_parts, dims=dims, mesh=mesh)
-    shards = range(ParallelDims.from_spec(spec).dp) if reference else [dims.dp_index(env.rank)]
+    shards = (range(MeshShape.from_parallelism(spec.parallelism).dp) if reference
+              else [dims.dp_index(env.rank)])
     data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
                       seq_len=built.seq_len, device=device)
     callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from orchestrator.mesh import MeshShape
 from orchestrator.spec import CommHook, JobSpec
-from workers.mesh import ParallelDims
 from workers.model import BuiltModel
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-def dp_plan(spec: JobSpec, dims: ParallelDims) -> str:
+def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
     """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
     stage = spec.parallelism.effective_zero_stage()
     if dims.dp == 1:
@@ -136,7 +136,7 @@ def dp_plan(spec: JobSpec, dims: ParallelDims) -> str:
     return "zero1" if stage == 1 else "ddp"
 
 
-def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: ParallelDims,
+def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: MeshShape,
                 mesh: DeviceMesh | None, device: torch.device) -> nn.Module:
     """Applies TP -> AC -> FSDP/DDP to ``module`` (the whole model or one pipeline chunk).
 
@@ -167,7 +167,7 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Pa
     return apply_ddp(module, spec=spec, group=group, device=device)
 
 
-def build_optimizer(spec: JobSpec, *, parts: list[nn.Module], dims: ParallelDims,
+def build_optimizer(spec: JobSpec, *, parts: list[nn.Module], dims: MeshShape,
                     mesh: DeviceMesh | None) -> torch.optim.Optimizer:
     """AdamW / SGD over every part's parameters; ZeroRedundancyOptimizer for ZeRO-1."""
     t = spec.training

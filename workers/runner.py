@@ -37,9 +37,9 @@ from workers.model import BuiltModel, loss_fn
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from orchestrator.mesh import MeshShape
     from orchestrator.spec import JobSpec
     from workers.faults import FaultInjector
-    from workers.mesh import ParallelDims
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class BuildContext:
 
     spec: JobSpec
     built: BuiltModel
-    dims: ParallelDims
+    dims: MeshShape
     mesh: DeviceMesh | None
     device: torch.device
     rank: int

@@ -10,7 +10,6 @@ or exits 2 with {"error": {"reason": ..., "message": ...}}.
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,11 +18,7 @@ import typer
 from api.cli.app import app
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.solver import Constraints, Placement, solve
-
-
-class TpWithin(StrEnum):
-    NVLINK_DOMAIN = "nvlink_domain"
-    NODE = "node"
+from orchestrator.spec import ConstraintMode, TopologyLevel
 
 
 def _fail(reason: str, message: str, *, as_json: bool) -> typer.Exit:
@@ -58,9 +53,9 @@ def place(
     dp_shard: Annotated[int, typer.Option("--dp-shard", min=1, help="Sharded DP degree.")] = 1,
     dp_replicate: Annotated[int, typer.Option("--dp-replicate", min=1,
                                               help="Replicated DP degree.")] = 1,
-    tp_within: Annotated[TpWithin, typer.Option("--tp-within",
-                                                help="Level each TP group stays inside.")]
-    = TpWithin.NVLINK_DOMAIN,
+    tp_within: Annotated[TopologyLevel, typer.Option("--tp-within",
+                                                     help="Level each TP group stays inside.")]
+    = TopologyLevel.NVLINK_DOMAIN,
     required: Annotated[bool, typer.Option("--required/--preferred",
                                            help="Wait rather than break tp_within, or relax "
                                            "it when it cannot hold.")] = True,
@@ -76,9 +71,8 @@ def place(
         topo = load_cluster_file(cluster)
     except (OSError, ValueError) as exc:
         raise _fail("INVALID_CLUSTER", f"{cluster}: {exc}", as_json=as_json) from None
-    constraints = Constraints(tp_within=tp_within.value,
-                              mode="required" if required else "preferred",
-                              avoid_nodes=tuple(avoid or ()))
+    mode = ConstraintMode.REQUIRED if required else ConstraintMode.PREFERRED
+    constraints = Constraints(tp_within=tp_within, mode=mode, avoid_nodes=tuple(avoid or ()))
     result = solve(topo, MeshShape(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp),
                    constraints=constraints)
     if not isinstance(result, Placement):

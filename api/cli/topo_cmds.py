@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from api.cli.app import app
+from orchestrator.ranges import format_ranges
 from orchestrator.topology.declared import cluster_to_dict, load_cluster_file
 from orchestrator.topology.discovery import discover_local_node
 from orchestrator.topology.labels import (
@@ -38,14 +39,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _ranges(ids: tuple[int, ...] | list[int]) -> str:
-    """(0, 1, 2, 5) → '0-2,5'."""
-    out: list[str] = []
-    for i in sorted(ids):
-        if out and out[-1].split("-")[-1] == str(i - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ",".join(out) or "-"
+    """(0, 1, 2, 5) -> '0-2,5'."""
+    return format_ranges(ids, empty="-")
 
 
 def describe_node(topo: NodeTopology) -> list[str]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import ModelDims, communication_signature, estimate_slots
 from orchestrator.placement.links import LinkModel
+from orchestrator.ranges import format_ranges
 from orchestrator.spec import SpecValidationError, parse_spec
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
 from orchestrator.topology.declared import parse_cluster_doc
@@ -204,16 +205,7 @@ class NodeView:
 
 def ranges(values: Iterable[int]) -> str:
     """`ranges([0, 1, 2, 3, 6]) == '0–3, 6'`."""
-    out: list[str] = []
-    run: list[int] = []
-    for v in sorted(set(values)):
-        if run and v != run[-1] + 1:
-            out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(v)
-    if run:
-        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out)
+    return format_ranges(values, dash="–", sep=", ")
 
 
 def _holders(gpus: Sequence[GpuUse]) -> tuple[Holder, ...]:
@@ -231,13 +223,24 @@ def _nvlink_pairs(topology: dict[str, Any]) -> int:
                if str(link.get("type", "")).startswith("NV"))
 
 
-def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[RankRecord]]], *,
+class HeldGpu(Protocol):
+    """A GPU a job holds: `placement.holds.GpuHold` (or a stored rank)."""
+
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def gpu(self) -> int | None: ...
+    @property
+    def rank(self) -> int | None: ...
+
+
+def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[HeldGpu]]], *,
               viewer: UserRecord) -> dict[tuple[str, int], GpuUse]:
-    """(node, gpu) → who holds it, from the ranks of active jobs."""
+    """(node, gpu) -> who holds it, from what the active jobs hold (`placement.holds`)."""
     out: dict[tuple[str, int], GpuUse] = {}
-    for job, ranks in jobs:
+    for job, held in jobs:
         visible = viewer.is_admin or job.owner == viewer.name
-        for r in ranks:
+        for r in held:
             if r.node is None or r.gpu is None:
                 continue
             out[(r.node, r.gpu)] = GpuUse(gpu=r.gpu, job_id=job.id if visible else None,

@@ -4,7 +4,8 @@ POST /v1/plans {"model": "llama-70b" | {n_layers, d_model, n_heads, vocab_size, 
                 "global_batch": 512, "gpus": 64, "hardware": {...}, "cluster": {declared doc}}
 answers {"result": {plans, rejected, ...}, "table": "<fixed-width text>"}. Without
 `cluster`, the planner uses the control plane's nodes and their free GPUs (GPUs held by active
-jobs' ranks are busy). Link figures come from `<data dir>/calibration.json` when present.
+jobs, placed or being placed, are busy: `placement.holds`). Link figures come from
+`<data dir>/calibration.json` when present.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SettingsDep, StoreDep, UserDep
 from api.errors import Unprocessable
+from orchestrator.placement.holds import busy_gpus, gpu_holds
+from orchestrator.placement.snapshot import cluster_from_records
 from orchestrator.planner.autoplan import format_table, hardware_for, resolve_auto
 from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.memory import KNOWN_MODELS, ModelShape
@@ -24,8 +27,7 @@ from orchestrator.settings import Settings
 from orchestrator.spec import FieldIssue, JobSpec
 from orchestrator.store.repo import Store
 from orchestrator.topology.declared import load_cluster_file, parse_cluster_doc
-from orchestrator.topology.model import ClusterNode, ClusterTopology
-from orchestrator.topology.serialize import node_topology_from_dict
+from orchestrator.topology.model import ClusterTopology
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -80,25 +82,13 @@ def model_shape(value: str | ModelBody | dict[str, Any]) -> ModelShape:
 
 
 def store_cluster(store: Store, settings: Settings) -> ClusterTopology:
-    """Alive GPU nodes from the store, busy where active jobs' ranks sit; the label levels of
-    the declared cluster file when the server has one."""
+    """The cluster now as the store knows it: alive GPU nodes, busy where active jobs hold
+    GPUs; the label levels of the declared cluster file when the server has one."""
     levels: tuple[str, ...] = ()
     if settings.cluster_file is not None and settings.cluster_file.exists():
         levels = load_cluster_file(settings.cluster_file).levels
-    busy: dict[str, set[int]] = {}
-    for job in store.active_jobs():
-        for r in store.list_ranks(job.id):
-            if r.gpu is not None and (r.node or r.node_id):
-                busy.setdefault(str(r.node or r.node_id), set()).add(int(r.gpu))
-    nodes = []
-    for n in store.list_nodes():
-        if not n.alive or n.gpus <= 0 or not n.topology:
-            continue
-        held = busy.get(n.name, set()) | busy.get(n.node_id or "", set())
-        nodes.append(ClusterNode(name=n.name, topology=node_topology_from_dict(n.topology),
-                                 labels={k: str(v) for k, v in n.labels.items()},
-                                 node_id=n.node_id, busy_gpus=frozenset(held)))
-    return ClusterTopology(levels=levels, nodes=tuple(nodes))
+    holds = [h for _, held in gpu_holds(store) for h in held]
+    return cluster_from_records(store.list_nodes(), levels=levels, busy=busy_gpus(holds))
 
 
 def _fail(loc: str, exc: Exception) -> Unprocessable:

@@ -37,6 +37,7 @@ from api.dashboard.session import (
 )
 from api.deps import StoreDep
 from api.errors import NotFound
+from orchestrator.placement.holds import gpu_holds
 from orchestrator.store.records import UserRecord
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
@@ -170,8 +171,7 @@ def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
 def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Response:
     nodes = store.list_nodes()
     levels = views.cluster_levels(nodes)
-    active = [(job, store.list_ranks(job.id)) for job in store.active_jobs()]
-    usage = views.gpu_usage(active, viewer=session.user)
+    usage = views.gpu_usage(gpu_holds(store), viewer=session.user)
     node_views = views.node_views(nodes, usage)
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
                 tree=views.level_tree(nodes, levels), nodes=node_views,

@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.domains import Packing, build_tree, free_of, tp_domains
 from orchestrator.placement.nodeinfo import nvlink_domain_key
+from orchestrator.spec import TopologyLevel
 from orchestrator.topology.model import ClusterTopology
 
 
@@ -74,7 +75,7 @@ def diagnose(cluster: ClusterTopology, mesh: MeshShape, *, packing: Packing,
     world, tp, groups = mesh.world_size, mesh.tp, mesh.n_tp_groups
     total = sum(len(n.topology.gpus) for n in usable)
     free = sum(len(n.free_gpus) for n in usable)
-    word = "NVLink domain" if packing.tp_within == "nvlink_domain" else "node"
+    word = "NVLink domain" if packing.tp_within == TopologyLevel.NVLINK_DOMAIN else "node"
     skipped = f" outside the {len(cluster.nodes) - len(usable)} avoided nodes" \
         if len(usable) < len(cluster.nodes) else ""
 
@@ -87,7 +88,7 @@ def diagnose(cluster: ClusterTopology, mesh: MeshShape, *, packing: Packing,
                     f"{skipped}; lower the parallel degrees or add nodes")
     ideal_size, ideal_where = _largest_domain(cluster, packing, avoid=avoid, ignore_busy=True)
     if ideal_size < tp:
-        hint = "" if packing.tp_within == "node" else ", or set tp_within=node"
+        hint = "" if packing.tp_within == TopologyLevel.NODE else ", or set tp_within=node"
         return fail(FailureReason.TP_DOMAIN_TOO_SMALL,
                     f"each TP group needs {tp} GPUs inside one {word}, but the largest {word} "
                     f"in this cluster has {ideal_size} ({ideal_where}); use tp <= {ideal_size}"

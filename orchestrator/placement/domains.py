@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.placement.nodeinfo import fingerprint, islands
+from orchestrator.spec import TopologyLevel
 from orchestrator.topology.model import (
     NVLINK_DOMAIN_LEVEL,
     ClusterNode,
@@ -37,8 +38,11 @@ class Packing:
     """How capacity is counted: TP-group units (strict) or single GPUs (relaxed)."""
 
     tp: int
-    tp_within: str  # nvlink_domain | node
+    tp_within: TopologyLevel
     strict: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tp_within", TopologyLevel(self.tp_within))
 
     @property
     def unit(self) -> int:
@@ -47,7 +51,7 @@ class Packing:
     @property
     def pools(self) -> bool:
         """Whether multi-node NVLink domains pool their GPUs for TP groups."""
-        return self.strict and self.tp_within == "nvlink_domain"
+        return self.strict and self.tp_within == TopologyLevel.NVLINK_DOMAIN
 
 
 @dataclass
@@ -77,10 +81,11 @@ def free_of(node: ClusterNode, *, ignore_busy: bool) -> list[int]:
     return list(node.topology.gpu_indices) if ignore_busy else list(node.free_gpus)
 
 
-def tp_domains(node: ClusterNode, free: Iterable[int], tp_within: str) -> list[list[int]]:
+def tp_domains(node: ClusterNode, free: Iterable[int],
+               tp_within: TopologyLevel) -> list[list[int]]:
     """Free GPUs of each TP domain inside the node (NVLink components, or the whole node)."""
     free = sorted(free)
-    if tp_within != "nvlink_domain":
+    if tp_within != TopologyLevel.NVLINK_DOMAIN:
         return [free]
     return [sorted(set(free) & comp) for comp in islands(node.topology)]
 

@@ -1,143 +1,203 @@
-"""From a queued job and the inventory to a gang plan (bundles) or a numbered pending reason.
+"""From a queued job and the cluster snapshot to a gang plan (bundles) or why it must wait.
 
-GPU jobs go through the topology-aware solver (orchestrator/placement/solver.py). CPU jobs
-(device cpu, or device auto on a cluster without GPUs) are packed here: consecutive ranks
-share a node, nodes with the most free CPUs first. Pure module.
+GPU jobs go through the topology-aware solver (orchestrator/placement/solver.py); its typed
+answer is kept (`GangPlan.placement`, `Pending.failure`). CPU jobs (device cpu, or device auto
+on a cluster without GPUs) are packed here: consecutive ranks share a node, nodes with the most
+free CPUs first. Pure module.
 
-A "why pending" reason is a dict the API shows as-is:
-  {"kind": "infeasible" | "waiting" | "fragmented", "message": "...", numbers...}
+Solver failures map to the pending kinds users see:
+  INFEASIBLE, TP_DOMAIN_TOO_SMALL -> infeasible (never fits this cluster; waiting won't help)
+  INSUFFICIENT_FREE               -> waiting (for running jobs to release GPUs)
+  FRAGMENTED                      -> fragmented (enough GPUs in total, not in one domain)
+The store keeps `Pending.to_dict()` as the job's pending reason, which the API shows as is:
+  {"kind": "infeasible" | "waiting" | "fragmented" | "placement_timeout", "message": ..., numbers}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from orchestrator.mesh import MeshShape
+from orchestrator.placement.diagnose import FailureReason, PlacementFailure
 from orchestrator.placement.links import LinkFigures
-from orchestrator.placement.snapshot import Inventory
+from orchestrator.placement.snapshot import ClusterSnapshot
 from orchestrator.placement.solver import Placement, solve_spec
 from orchestrator.spec import Device, JobSpec
 
 
+class PlanDevice(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
 @dataclass(frozen=True)
-class GangPlan:
-    device: str  # "gpu" | "cpu"
-    bundles: tuple[dict[str, Any], ...]  # per rank: rank, node, node_id, gpu, coords, resources
-    summary: str
-    solver: dict[str, Any] = field(default_factory=dict)
+class Bundle:
+    """One rank's share of the gang reservation, pinned to a node (Ray node id)."""
+
+    rank: int
+    node: str  # node name in the topology
+    node_id: str | None  # Ray node id the bundle is pinned to
+    gpu: int | None  # planned local GPU index (None: a CPU rank)
+    coords: dict[str, int]
+    cpus: float
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """The placement-group bundle: one GPU (when planned) and the rank's CPUs."""
+        return {"CPU": self.cpus} if self.gpu is None else {"GPU": 1, "CPU": self.cpus}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "bundles": [dict(b) for b in self.bundles],
-                "summary": self.summary, "solver": self.solver}
+        return {"rank": self.rank, "node": self.node, "node_id": self.node_id, "gpu": self.gpu,
+                "coords": dict(self.coords), "resources": self.resources}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bundle:
+        return cls(rank=int(d["rank"]), node=str(d["node"]), node_id=d.get("node_id"),
+                   gpu=None if d.get("gpu") is None else int(d["gpu"]),
+                   coords=dict(d.get("coords") or {}),
+                   cpus=float((d.get("resources") or {}).get("CPU", 0.0)))
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    device: PlanDevice
+    bundles: tuple[Bundle, ...]  # ordered by planned rank
+    summary: str
+    placement: Placement | None = None  # the solver's answer (GPU jobs)
+
+    def solver_summary(self) -> dict[str, Any]:
+        p = self.placement
+        if p is None:
+            return {}
+        return {"level": p.level, "domain": list(p.domain), "tp_within": p.tp_within,
+                "relaxed": p.relaxed, "notes": list(p.notes), "estimate_s": p.estimate.total_s}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The attempt's stored placement (GET /v1/jobs/{id}/attempts shows it)."""
+        return {"device": self.device.value, "bundles": [b.to_dict() for b in self.bundles],
+                "summary": self.summary, "solver": self.solver_summary()}
 
     def gpus_by_node(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for b in self.bundles:
-            if b.get("gpu") is not None:
-                out.setdefault(b["node"], []).append(b["gpu"])
+            if b.gpu is not None:
+                out.setdefault(b.node, []).append(b.gpu)
         return out
 
     def cpus_by_node(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for b in self.bundles:
-            out[b["node"]] = out.get(b["node"], 0.0) + b["resources"].get("CPU", 0.0)
+            out[b.node] = out.get(b.node, 0.0) + b.cpus
         return out
+
+
+class PendingKind(StrEnum):
+    INFEASIBLE = "infeasible"
+    WAITING = "waiting"
+    FRAGMENTED = "fragmented"
+    PLACEMENT_TIMEOUT = "placement_timeout"
+
+
+_KIND = {FailureReason.INFEASIBLE: PendingKind.INFEASIBLE,
+         FailureReason.TP_DOMAIN_TOO_SMALL: PendingKind.INFEASIBLE,
+         FailureReason.INSUFFICIENT_FREE: PendingKind.WAITING,
+         FailureReason.FRAGMENTED: PendingKind.FRAGMENTED}
 
 
 @dataclass(frozen=True)
 class Pending:
-    kind: str  # infeasible | waiting | fragmented
+    """Why a job is not placed now. GPU jobs carry the solver's `failure`; CPU jobs the CPU
+    numbers; a placement timeout how long Ray was given."""
+
+    kind: PendingKind
     message: str
-    numbers: dict[str, Any] = field(default_factory=dict)
+    failure: PlacementFailure | None = None
+    total_gpus: int | None = None
+    cpus: Mapping[str, float] = field(default_factory=dict)  # needed / free / total
+    waited_s: float | None = None
+
+    @classmethod
+    def from_failure(cls, failure: PlacementFailure, *, total_gpus: int) -> Pending:
+        return cls(_KIND[failure.reason], failure.message, failure=failure,
+                   total_gpus=total_gpus)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, **self.numbers}
+        out: dict[str, Any] = {"kind": self.kind.value, "message": self.message}
+        f = self.failure
+        if f is not None:
+            out.update(reason=f.reason.value, needed_gpus=f.world_size, free_gpus=f.free_gpus,
+                       total_gpus=self.total_gpus, retryable=f.retryable)
+        out.update({f"{k}_cpus": v for k, v in self.cpus.items()})
+        if self.kind == PendingKind.PLACEMENT_TIMEOUT:
+            out["waited_s"] = self.waited_s
+        return out
 
 
-def wants_gpus(spec: JobSpec, inv: Inventory) -> bool:
+def wants_gpus(spec: JobSpec, snap: ClusterSnapshot) -> bool:
     """device auto uses GPUs when the cluster has any (and waits for them when busy)."""
     dev = spec.resources.device
     if dev == Device.CPU or spec.resources.gpus_per_worker == 0:
         return False
-    return dev == Device.CUDA or inv.total_gpus > 0
+    return dev == Device.CUDA or snap.total_gpus > 0
 
 
-def plan_job(spec: JobSpec, inv: Inventory, *, avoid: Iterable[str] = (),
-             figures: Any = None) -> GangPlan | Pending:
+def plan_job(spec: JobSpec, snap: ClusterSnapshot, *, avoid: Iterable[str] = (),
+             figures: LinkFigures | None = None) -> GangPlan | Pending:
     avoid_set = set(avoid) | set(spec.placement.avoid_nodes)
-    if wants_gpus(spec, inv):
-        return solve_gpu_plan(spec, inv, avoid=avoid_set, figures=figures)
-    return _plan_cpu(spec, inv, avoid=avoid_set)
+    if wants_gpus(spec, snap):
+        return _plan_gpu(spec, snap, avoid=avoid_set, figures=figures)
+    return _plan_cpu(spec, snap, avoid=avoid_set)
 
 
-def _plan_cpu(spec: JobSpec, inv: Inventory, *, avoid: set[str]) -> GangPlan | Pending:
+def _plan_cpu(spec: JobSpec, snap: ClusterSnapshot, *, avoid: set[str]) -> GangPlan | Pending:
     world, per = spec.world_size, spec.resources.cpus_per_worker
-    nodes = [n for n in inv.cluster.nodes if n.name not in avoid and n.node_id not in avoid]
-    total = {n.name: _node_cpus(inv, n.node_id) for n in nodes}
-    free = {n.name: inv.free_cpus.get(n.name, 0.0) for n in nodes}
+    nodes = [n for n in snap.cluster.nodes if n.name not in avoid and n.node_id not in avoid]
+    total = {n.name: _node_cpus(snap, n.node_id) for n in nodes}
+    free = {n.name: snap.free_cpus.get(n.name, 0.0) for n in nodes}
     need = world * per
     fits_total = sum(int(total[n] // per + 1e-9) for n in total)
     if fits_total < world:
-        return Pending("infeasible", f"needs {world} workers x {per:g} CPU = {need:g} CPUs; the "
-                       f"cluster has {sum(total.values()):g} CPUs"
+        return Pending(PendingKind.INFEASIBLE,
+                       f"needs {world} workers x {per:g} CPU = {need:g} CPUs; the cluster has "
+                       f"{sum(total.values()):g} CPUs"
                        f"{' outside avoided nodes' if avoid else ''} and never fits",
-                       {"needed_cpus": need, "total_cpus": sum(total.values())})
+                       cpus={"needed": need, "total": sum(total.values())})
     slots = {n: int(free[n] // per + 1e-9) for n in free}
     if sum(slots.values()) < world:
-        return Pending("waiting", f"needs {need:g} CPUs; {sum(free.values()):g} free now "
-                       "(waiting for running jobs)",
-                       {"needed_cpus": need, "free_cpus": sum(free.values()),
-                        "total_cpus": sum(total.values())})
-    bundles: list[dict[str, Any]] = []
-    rank = 0
+        return Pending(PendingKind.WAITING, f"needs {need:g} CPUs; {sum(free.values()):g} free "
+                       "now (waiting for running jobs)",
+                       cpus={"needed": need, "free": sum(free.values()),
+                             "total": sum(total.values())})
+    bundles: list[Bundle] = []
     mesh = MeshShape.from_parallelism(spec.parallelism)
     for n in sorted(nodes, key=lambda n: (-slots[n.name], n.name)):
         for _ in range(slots[n.name]):
-            if rank == world:
+            if len(bundles) == world:
                 break
-            bundles.append({"rank": rank, "node": n.name, "node_id": n.node_id, "gpu": None,
-                            "coords": mesh.coords(rank), "resources": {"CPU": per}})
-            rank += 1
-    used = sorted({b["node"] for b in bundles})
-    return GangPlan(device="cpu", bundles=tuple(bundles),
+            rank = len(bundles)
+            bundles.append(Bundle(rank=rank, node=n.name, node_id=n.node_id, gpu=None,
+                                  coords=mesh.coords(rank), cpus=per))
+    used = sorted({b.node for b in bundles})
+    return GangPlan(device=PlanDevice.CPU, bundles=tuple(bundles),
                     summary=f"{world} CPU ranks on {', '.join(used)}")
 
 
-def _node_cpus(inv: Inventory, node_id: str | None) -> float:
-    return next((r.cpus for r in inv.ray_nodes if r.node_id == node_id), 0.0)
+def _node_cpus(snap: ClusterSnapshot, node_id: str | None) -> float:
+    return next((r.cpus for r in snap.ray_nodes if r.node_id == node_id), 0.0)
 
 
-_KIND = {"INFEASIBLE": "infeasible", "TP_DOMAIN_TOO_SMALL": "infeasible",
-         "INSUFFICIENT_FREE": "waiting", "FRAGMENTED": "fragmented"}
-
-
-def solve_gpu_plan(spec: JobSpec, inv: Inventory, *, avoid: set[str],
-                   figures: LinkFigures | None = None) -> GangPlan | Pending:
-    mesh = MeshShape.from_parallelism(spec.parallelism)
+def _plan_gpu(spec: JobSpec, snap: ClusterSnapshot, *, avoid: set[str],
+              figures: LinkFigures | None = None) -> GangPlan | Pending:
     # solve_spec passes the job's own model sizes, so the estimate is for this job.
-    result = solve_spec(inv.cluster, spec, avoid=tuple(sorted(avoid)), figures=figures)
-    if not isinstance(result, Placement):
-        reason = getattr(result.reason, "value", str(result.reason))
-        return Pending(_KIND.get(reason, "waiting"), result.message,
-                       {"reason": reason, "needed_gpus": result.world_size,
-                        "free_gpus": result.free_gpus, "total_gpus": inv.total_gpus,
-                        "retryable": result.retryable})
+    result = solve_spec(snap.cluster, spec, avoid=tuple(sorted(avoid)), figures=figures)
+    if isinstance(result, PlacementFailure):
+        return Pending.from_failure(result, total_gpus=snap.total_gpus)
     cpus = spec.resources.cpus_per_worker
-    bundles = tuple(
-        {"rank": r.rank, "node": r.node, "node_id": inv.cluster.node(r.node).node_id,
-         "gpu": r.gpu, "coords": dict(r.coords), "resources": {"GPU": 1, "CPU": cpus}}
-        for r in result.ranks)
-    per_node = result.gpus_by_node()
-    summary = f"{mesh.world_size} ranks on " + ", ".join(
-        f"{n} GPUs {_compact(g)}" for n, g in per_node.items())
-    solver: dict[str, Any] = {"level": result.level, "domain": list(result.domain),
-                              "tp_within": result.tp_within, "relaxed": result.relaxed,
-                              "notes": list(result.notes),
-                              "estimate_s": getattr(result.estimate, "total_s", None)}
-    return GangPlan(device="gpu", bundles=bundles, summary=summary, solver=solver)
-
-
-def _compact(gpus: list[int]) -> str:
-    return ",".join(str(g) for g in gpus)
+    bundles = tuple(Bundle(rank=r.rank, node=r.node, node_id=snap.cluster.node(r.node).node_id,
+                           gpu=r.gpu, coords=dict(r.coords), cpus=cpus) for r in result.ranks)
+    summary = f"{result.mesh.world_size} ranks on " + ", ".join(
+        f"{n} GPUs {','.join(map(str, g))}" for n, g in result.gpus_by_node().items())
+    return GangPlan(device=PlanDevice.GPU, bundles=bundles, summary=summary, placement=result)

@@ -17,6 +17,7 @@ from orchestrator.placement.domains import Packing, tp_domains
 from orchestrator.placement.links import LinkModel
 from orchestrator.placement.nodeinfo import fingerprint, islands, uniform_kind
 from orchestrator.placement.ranks import best_tp_groups
+from orchestrator.spec import TopologyLevel
 from orchestrator.topology.model import ClusterNode, link_cost
 
 _SUBSET_LIMIT = 256  # subsets scored exhaustively; past this, the lowest indices
@@ -68,10 +69,11 @@ def pick_node_gpus(node: ClusterNode, n: int, *, packing: Packing, links: LinkMo
     free = [g for g in node.free_gpus if only is None or g in only]
     if len(free) < n:
         return None
-    if not packing.strict or packing.tp_within != "nvlink_domain" or pooled or packing.tp == 1:
+    if (not packing.strict or packing.tp_within != TopologyLevel.NVLINK_DOMAIN or pooled
+            or packing.tp == 1):
         # (a single GPU is always inside one NVLink domain: no components to respect)
         return pick_subset(node, free, n, tp=packing.tp, links=links, rails=rails)
-    comps = [c for c in tp_domains(node, free, "nvlink_domain") if len(c) >= packing.tp]
+    comps = [c for c in tp_domains(node, free, TopologyLevel.NVLINK_DOMAIN) if len(c) >= packing.tp]
     groups = n // packing.tp
     if sum(len(c) // packing.tp for c in comps) < groups:
         return None

@@ -20,6 +20,9 @@ Pure module. Mesh order is (pp, dp_replicate, dp_shard, tp), row-major, tp faste
    data-parallel peers of the same tp rank sit on the same local GPU index: rail-aligned.
 4. Stable: the same GPU set on the same cluster always gives the same ranks.
 
+After the gang reservation, `landed_ranks` applies the same rules to the GPUs the actors
+really got (Ray's bundle order is not physical order): the runtime's one source of ranks.
+
 Worked example: two 8-GPU NVSwitch nodes node-a, node-b under one leaf; tp=8, dp_replicate=2.
 Groups: node-a {0..7}, node-b {0..7}. Ranks 0-7 -> node-a GPUs 0-7 (dp_replicate 0), ranks
 8-15 -> node-b GPUs 0-7 (dp_replicate 1); the DP pairs (0, 8), (1, 9), ... (7, 15) each join
@@ -32,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from types import MappingProxyType
-from typing import Any
+from typing import Protocol
 
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.nodeinfo import (
@@ -41,12 +44,14 @@ from orchestrator.placement.nodeinfo import (
     nvlink_domain_key,
     uniform_kind,
 )
+from orchestrator.spec import TopologyLevel
 from orchestrator.topology.model import (
     ClusterTopology,
     NodeTopology,
     link_cost,
 )
 
+NVLINK = TopologyLevel.NVLINK_DOMAIN
 _EXHAUSTIVE_LIMIT = 3000  # partitions tried exhaustively; beyond, a greedy pass
 
 
@@ -192,10 +197,10 @@ def _greedy_groups(topo: NodeTopology, items: tuple[int, ...], tp: int,
 
 
 def _node_groups(topo: NodeTopology, gpus: Sequence[int], *, tp: int,
-                 tp_within: str) -> tuple[list[tuple[int, ...]], list[int]]:
+                 tp_within: TopologyLevel) -> tuple[list[tuple[int, ...]], list[int]]:
     """TP groups inside one node, and the GPUs left over."""
     chosen = set(gpus)
-    comps = islands(topo) if tp_within == "nvlink_domain" else [frozenset(chosen)]
+    comps = islands(topo) if tp_within == NVLINK else [frozenset(chosen)]
     groups: list[tuple[int, ...]] = []
     left: list[int] = []
     for comp in comps:
@@ -214,7 +219,7 @@ def _node_groups(topo: NodeTopology, gpus: Sequence[int], *, tp: int,
 
 
 def tp_groups(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]], *, tp: int,
-              tp_within: str = "nvlink_domain") -> list[tuple[tuple[str, int], ...]]:
+              tp_within: TopologyLevel = NVLINK) -> list[tuple[tuple[str, int], ...]]:
     """All TP groups of a chosen GPU set, in mesh-slot order (rule 3)."""
     order = chosen_order(cluster, chosen)
     nodes = {n.name: n for n in cluster.nodes}
@@ -241,7 +246,7 @@ def tp_groups(cluster: ClusterTopology, chosen: Mapping[str, Sequence[int]], *, 
 
 
 def assign_slots(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str, Sequence[int]],
-                 *, tp_within: str = "nvlink_domain") -> list[tuple[str, int]]:
+                 *, tp_within: TopologyLevel = NVLINK) -> list[tuple[str, int]]:
     """(node name, GPU) of each global rank, for the GPUs in `chosen` (rules 1-4)."""
     total = sum(len(v) for v in chosen.values())
     if total != mesh.world_size:
@@ -262,7 +267,7 @@ def to_rank_placements(cluster: ClusterTopology, mesh: MeshShape,
 
 
 def assign_ranks(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str, Sequence[int]],
-                 *, tp_within: str = "nvlink_domain") -> tuple[RankPlacement, ...]:
+                 *, tp_within: TopologyLevel = NVLINK) -> tuple[RankPlacement, ...]:
     """Global rank -> (node, GPU) for the GPUs in `chosen` (node name -> local GPU indices)."""
     return to_rank_placements(cluster, mesh,
                               assign_slots(cluster, mesh, chosen, tp_within=tp_within))
@@ -270,7 +275,7 @@ def assign_ranks(cluster: ClusterTopology, mesh: MeshShape, chosen: Mapping[str,
 
 def ranks_for_actors(cluster: ClusterTopology, mesh: MeshShape, actors: Sequence[tuple[str, int]],
                      *, planned: Sequence[RankPlacement] = (),
-                     tp_within: str = "nvlink_domain") -> tuple[int, ...]:
+                     tp_within: TopologyLevel = NVLINK) -> tuple[int, ...]:
     """The global rank of each actor, from the (node id or name, GPU index) it actually got.
 
     Ray's bundle order is not physical order, so ranks are computed from where the actors
@@ -299,39 +304,66 @@ def ranks_for_actors(cluster: ClusterTopology, mesh: MeshShape, actors: Sequence
 
 
 # -- ranks of landed actors ------------------------------------------------------------------
-# Ray's bundle order is not physical order and, inside a node, Ray picks which GPU index a
-# bundle gets. The solver planned (rank -> node, GPU); `bundle_ranks` matches each planned rank
-# to an actor on the same node: on each node the planned GPUs and the GPUs the actors got are
-# both sorted and paired in order, so the relative GPU order the solver chose (and the rank
-# order along it) is kept. CPU bundles keep their planned rank.
+class PlannedRank(Protocol):
+    """A planned rank's slot (placement.gang_plan.Bundle is one)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def node_id(self) -> str | None: ...
+    @property
+    def gpu(self) -> int | None: ...
+    @property
+    def coords(self) -> Mapping[str, int]: ...
 
 
-def bundle_ranks(*, bundles: Sequence[Mapping[str, Any]],
-                 landed: Sequence[Mapping[str, Any]]) -> dict[int, int]:
-    """Bundle index -> global rank. `landed[i]` is where bundle i's actor is (node_id, gpu_ids).
+def bundle_ranks(*, bundles: Sequence[PlannedRank],
+                 landed: Sequence[tuple[str, int | None]]) -> dict[int, int]:
+    """Bundle index -> global rank, keeping the planned ranks on each node. `landed[i]` is
+    (Ray node id, GPU index or None) of bundle i's actor.
 
-    >>> bundles = [{"rank": 0, "node_id": "a", "gpu": 2}, {"rank": 1, "node_id": "a", "gpu": 3}]
-    >>> landed = [{"node_id": "a", "gpu_ids": [1]}, {"node_id": "a", "gpu_ids": [0]}]
-    >>> bundle_ranks(bundles=bundles, landed=landed)
-    {1: 0, 0: 1}
+    Ray's bundle order is not physical order and, inside a node, Ray picks which GPU index a
+    bundle gets. On each node the planned GPUs and the GPUs the actors got are both sorted and
+    paired in order, so the relative GPU order the solver chose (and the rank order along it)
+    is kept. CPU bundles keep their planned rank.
+
+    Planned ranks 0, 1 on GPUs 2, 3 of node a; the actors got GPUs 1 and 0: bundle 1 (GPU 0)
+    becomes rank 0 and bundle 0 (GPU 1) rank 1, so {0: 1, 1: 0}.
     """
     if len(bundles) != len(landed):
         raise ValueError(f"{len(landed)} actors for {len(bundles)} bundles")
     out: dict[int, int] = {}
     by_node: dict[str, list[int]] = {}
-    for i, (b, got) in enumerate(zip(bundles, landed, strict=True)):
-        if b.get("node_id") and got["node_id"] != b["node_id"]:
-            raise ValueError(f"bundle {i} landed on node {got['node_id']}, planned "
-                             f"{b['node_id']}: the placement group ignored its label selector")
-        if b.get("gpu") is None or not got.get("gpu_ids"):
-            out[i] = int(b["rank"])
+    for i, (b, (node_id, gpu)) in enumerate(zip(bundles, landed, strict=True)):
+        if b.node_id and node_id != b.node_id:
+            raise ValueError(f"bundle {i} landed on node {node_id}, planned "
+                             f"{b.node_id}: the placement group ignored its label selector")
+        if b.gpu is None or gpu is None:
+            out[i] = b.rank
         else:
-            by_node.setdefault(str(got["node_id"]), []).append(i)
+            by_node.setdefault(node_id, []).append(i)
     for idxs in by_node.values():
-        planned = sorted((int(bundles[i]["gpu"]), int(bundles[i]["rank"])) for i in idxs)
-        actual = sorted((int(landed[i]["gpu_ids"][0]), i) for i in idxs)
+        planned = sorted((int(bundles[i].gpu or 0), bundles[i].rank) for i in idxs)
+        actual = sorted((int(landed[i][1] or 0), i) for i in idxs)
         for (_, rank), (_, i) in zip(planned, actual, strict=True):
             out[i] = rank
     if sorted(out.values()) != list(range(len(bundles))):
         raise ValueError(f"rank assignment is not a permutation: {sorted(out.values())}")
     return out
+
+
+def landed_ranks(*, bundles: Sequence[PlannedRank], landed: Sequence[tuple[str, int | None]],
+                 mesh: MeshShape, cluster: ClusterTopology | None = None,
+                 tp_within: TopologyLevel = NVLINK) -> tuple[int, ...]:
+    """The global rank of each bundle's actor, from where it landed: the rules above
+    (`ranks_for_actors`) for a GPU job with a known topology, else the planned ranks kept per
+    node (`bundle_ranks`). The one place the runtime gets ranks from."""
+    if cluster is None or any(gpu is None for _, gpu in landed):
+        by_bundle = bundle_ranks(bundles=bundles, landed=landed)
+        return tuple(by_bundle[i] for i in range(len(bundles)))
+    planned = [RankPlacement(rank=b.rank, node=b.node, node_key=b.node_id or b.node,
+                             gpu=int(b.gpu or 0), coords=b.coords) for b in bundles]
+    return ranks_for_actors(cluster, mesh, [(n, int(g or 0)) for n, g in landed],
+                            planned=planned, tp_within=tp_within)

@@ -1,25 +1,48 @@
-"""What the scheduler can place on: Ray's live nodes joined with the stored topology.
+"""The cluster now: what the scheduler can place on, and the same view for the API. Pure module.
 
 Ray knows which nodes are alive, their labels and how many GPUs / CPUs are free; it does not
 know GPU links or which GPU *indices* are taken. The topology (declared file or discovery)
 knows links. The join key is the node name: a Ray node's `meshyard.io/node` label, else a
 declared node's explicit `node_id`, else (one node, one declaration) the only pair.
 
-Busy GPU indices come from the control plane's own books (the ranks and placements of active
-attempts); when Ray reports more GPUs in use than those explain (another Ray user), the
-highest free indices are marked busy too so the counts agree.
+Busy GPU indices come from the control plane's own books (`gpu_holds`: where an active job's
+ranks are, else where its current attempt is planned, so a PLACING job's GPUs are busy too);
+when Ray reports more GPUs in use than those explain (another Ray user), the highest free
+indices are marked busy too so the counts agree.
+
+Two readers, one model: the scheduler builds a `ClusterSnapshot` from Ray's live nodes
+(`build_snapshot`); the API, which may run without Ray, builds the topology from the nodes the
+runtime stored (`cluster_from_records`). Both take their busy GPUs from `gpu_holds`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
+from orchestrator.topology.serialize import node_topology_from_dict
 
 NODE_NAME_LABEL = "meshyard.io/node"
 _RAY_LABEL_PREFIX = "ray.io/"
+
+
+class StoredNode(Protocol):
+    """A node as the store keeps it (orchestrator.store.records.NodeRecord)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def node_id(self) -> str | None: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def labels(self) -> Mapping[str, Any]: ...
+    @property
+    def topology(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,7 @@ class RayNode:
 
 
 @dataclass(frozen=True)
-class Inventory:
+class ClusterSnapshot:
     """The schedulable cluster now: topology with busy GPUs, plus free CPUs per node."""
 
     cluster: ClusterTopology
@@ -58,30 +81,11 @@ class Inventory:
         return next((n for n in self.cluster.nodes if n.node_id == node_id), None)
 
     def reserve(self, *, gpus: Mapping[str, Iterable[int]],
-                cpus: Mapping[str, float]) -> Inventory:
+                cpus: Mapping[str, float]) -> ClusterSnapshot:
         """A copy with more GPUs busy and fewer CPUs free (placements made in this tick)."""
         free = {k: v - cpus.get(k, 0.0) for k, v in self.free_cpus.items()}
-        return Inventory(cluster=self.cluster.with_busy(gpus), ray_nodes=self.ray_nodes,
+        return ClusterSnapshot(cluster=self.cluster.with_busy(gpus), ray_nodes=self.ray_nodes,
                          free_cpus=free)
-
-
-def read_ray_nodes(ray_module: Any) -> list[RayNode]:
-    """Alive Ray nodes with totals, free resources and labels (ray must be initialised)."""
-    from ray._private.state import state  # the per-node view has no public API in 2.x
-
-    avail = state.available_resources_per_node()
-    out = []
-    for n in ray_module.nodes():
-        if not n.get("Alive"):
-            continue
-        res, free = n.get("Resources", {}), avail.get(n["NodeID"], {})
-        out.append(RayNode(
-            node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
-            labels={k: v for k, v in (n.get("Labels") or {}).items()},
-            gpus=int(res.get("GPU", 0)), cpus=float(res.get("CPU", 0)),
-            free_gpus=int(free.get("GPU", 0)), free_cpus=float(free.get("CPU", 0)),
-            is_head="node:__internal_head__" in res))
-    return out
 
 
 def _match(ray_nodes: list[RayNode], declared: ClusterTopology | None
@@ -100,17 +104,18 @@ def _match(ray_nodes: list[RayNode], declared: ClusterTopology | None
     return pairs
 
 
-def build_inventory(*, ray_nodes: list[RayNode], declared: ClusterTopology | None,
-                    busy: Mapping[str, Iterable[int]] | None = None) -> Inventory:
-    """Joins Ray nodes with the topology. `busy`: GPU indices held by our attempts, by node id.
+def build_snapshot(*, ray_nodes: list[RayNode], topology: ClusterTopology | None,
+                   busy: Mapping[str, Iterable[int]] | None = None) -> ClusterSnapshot:
+    """Joins Ray nodes with the topology (declared or discovered). `busy`: GPU indices held by
+    our attempts, by Ray node id (`holds.busy_gpus`).
 
     Ray nodes without GPUs stay in the inventory (CPU jobs run there) with an empty topology;
     a GPU node with no declared topology gets a uniform one (links unknown: 'SYS').
     """
     busy = busy or {}
     nodes, free_cpus = [], {}
-    levels = declared.levels if declared is not None else ()
-    for rn, d in _match(ray_nodes, declared):
+    levels = topology.levels if topology is not None else ()
+    for rn, d in _match(ray_nodes, topology):
         topo = d.topology if d is not None else NodeTopology.uniform(rn.gpus, "SYS")
         if len(topo.gpus) != rn.gpus:
             # Ray is the authority on what exists; trust the declaration only when it agrees.
@@ -124,8 +129,8 @@ def build_inventory(*, ray_nodes: list[RayNode], declared: ClusterTopology | Non
         nodes.append(ClusterNode(name=name, topology=topo, labels=labels, node_id=rn.node_id,
                                  busy_gpus=frozenset(held)))
         free_cpus[name] = rn.free_cpus
-    return Inventory(cluster=ClusterTopology(levels=levels, nodes=tuple(nodes)),
-                     ray_nodes=tuple(ray_nodes), free_cpus=free_cpus)
+    return ClusterSnapshot(cluster=ClusterTopology(levels=levels, nodes=tuple(nodes)),
+                           ray_nodes=tuple(ray_nodes), free_cpus=free_cpus)
 
 
 def _pad_busy(held: set[int], indices: tuple[int, ...], *, in_use: int) -> set[int]:
@@ -137,11 +142,17 @@ def _pad_busy(held: set[int], indices: tuple[int, ...], *, in_use: int) -> set[i
     return out
 
 
-def reserved_gpus(placements: Iterable[Mapping[str, Any]]) -> dict[str, list[int]]:
-    """GPU indices held by active attempts, by Ray node id, from their stored placements."""
-    out: dict[str, list[int]] = {}
-    for p in placements:
-        for b in p.get("bundles", []):
-            if b.get("gpu") is not None and b.get("node_id"):
-                out.setdefault(b["node_id"], []).append(int(b["gpu"]))
-    return out
+def cluster_from_records(nodes: Iterable[StoredNode], *, levels: tuple[str, ...] = (),
+                         busy: Mapping[str, Iterable[int]] | None = None) -> ClusterTopology:
+    """The alive GPU nodes the runtime stored (GET /v1/cluster), busy where `busy` says (keyed
+    by node name or Ray node id): the API's view of the cluster now, without Ray."""
+    busy = busy or {}
+    out = []
+    for n in nodes:
+        if not n.alive or n.gpus <= 0 or not n.topology:
+            continue
+        held = set(busy.get(n.name, ())) | set(busy.get(n.node_id or "", ()))
+        out.append(ClusterNode(name=n.name, topology=node_topology_from_dict(dict(n.topology)),
+                               labels={k: str(v) for k, v in n.labels.items()},
+                               node_id=n.node_id, busy_gpus=frozenset(held)))
+    return ClusterTopology(levels=levels, nodes=tuple(out))

@@ -42,6 +42,7 @@ from orchestrator.placement.gpus import pick_node_gpus
 from orchestrator.placement.links import LinkFigures, LinkModel, intra_node_link
 from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
 from orchestrator.placement.ranks import RankPlacement, assign_slots, to_rank_placements
+from orchestrator.spec import ConstraintMode, JobSpec, PlacementConstraints, TopologyLevel
 from orchestrator.topology.model import (
     NVLINK_DOMAIN_LEVEL,
     ClusterNode,
@@ -60,22 +61,27 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Constraints:
-    tp_within: str = "nvlink_domain"  # nvlink_domain | node
-    mode: str = "required"  # required | preferred
+    """The spec's placement constraints (strings are accepted and turned into the enums)."""
+
+    tp_within: TopologyLevel = TopologyLevel.NVLINK_DOMAIN
+    mode: ConstraintMode = ConstraintMode.REQUIRED
     avoid_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.tp_within not in ("nvlink_domain", "node"):
-            raise ValueError(f"tp_within={self.tp_within!r}: use 'nvlink_domain' or 'node'")
-        if self.mode not in ("required", "preferred"):
-            raise ValueError(f"mode={self.mode!r}: use 'required' or 'preferred'")
+        try:
+            object.__setattr__(self, "tp_within", TopologyLevel(self.tp_within))
+        except ValueError:
+            raise ValueError(f"tp_within={self.tp_within!r}: use 'nvlink_domain' or 'node'"
+                             ) from None
+        try:
+            object.__setattr__(self, "mode", ConstraintMode(self.mode))
+        except ValueError:
+            raise ValueError(f"mode={self.mode!r}: use 'required' or 'preferred'") from None
         object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
 
     @classmethod
-    def from_spec(cls, placement: Any) -> Constraints:
-        """From a spec.PlacementConstraints-like object (enums or strings)."""
-        return cls(tp_within=str(getattr(placement.tp_within, "value", placement.tp_within)),
-                   mode=str(getattr(placement.mode, "value", placement.mode)),
+    def from_spec(cls, placement: PlacementConstraints) -> Constraints:
+        return cls(tp_within=placement.tp_within, mode=placement.mode,
                    avoid_nodes=tuple(placement.avoid_nodes))
 
 
@@ -86,7 +92,7 @@ class Placement:
     estimate: Estimate
     level: str  # finest level holding the whole job: node, leaf, ..., cluster
     domain: tuple[str, ...]  # that domain's label path (node name last for 'node')
-    tp_within: str
+    tp_within: TopologyLevel
     relaxed: bool = False  # preferred mode had to break tp_within
     notes: tuple[str, ...] = ()
 
@@ -114,10 +120,10 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
     avoid = frozenset(c.avoid_nodes)
     links = LinkModel(cluster, figures)
     tries = [Packing(mesh.tp, c.tp_within)]
-    if c.mode == "preferred":
-        if c.tp_within == "nvlink_domain":
-            tries.append(Packing(mesh.tp, "node"))
-        tries.append(Packing(mesh.tp, "node", strict=False))
+    if c.mode == ConstraintMode.PREFERRED:
+        if c.tp_within == TopologyLevel.NVLINK_DOMAIN:
+            tries.append(Packing(mesh.tp, TopologyLevel.NODE))
+        tries.append(Packing(mesh.tp, TopologyLevel.NODE, strict=False))
     def rate(node: ClusterNode, free: list[int]) -> float:
         ring = links.ring(node.name, free)
         return ring.gbs if ring is not None else float("inf")
@@ -136,9 +142,9 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
     return diagnose(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
 
 
-def solve_spec(cluster: ClusterTopology, spec: Any, *, avoid: tuple[str, ...] = (),
+def solve_spec(cluster: ClusterTopology, spec: JobSpec, *, avoid: tuple[str, ...] = (),
                figures: LinkFigures | None = None) -> Placement | PlacementFailure:
-    """solve() for a JobSpec-like object: its degrees, its placement constraints (plus the
+    """solve() for a JobSpec: its degrees, its placement constraints (plus the
     extra `avoid` nodes) and its model, so the estimate is for the job's own sizes."""
     c = Constraints.from_spec(spec.placement)
     return solve(cluster, MeshShape.from_parallelism(spec.parallelism),
@@ -304,10 +310,10 @@ def _violation(members: list[RankPlacement], *, wanted: str, links: LinkModel) -
     nodes = sorted({m.node for m in members})
     if len(nodes) > 1:
         domains = {links.nvlink_domain(n) for n in nodes}
-        if wanted == "nvlink_domain" and len(domains) == 1 and None not in domains:
+        if wanted == TopologyLevel.NVLINK_DOMAIN and len(domains) == 1 and None not in domains:
             return None
         return f"{label} spans nodes {', '.join(nodes)}"
-    if wanted == "nvlink_domain":
+    if wanted == TopologyLevel.NVLINK_DOMAIN:
         gpus = {m.gpu for m in members}
         if not any(gpus <= comp for comp in islands(links.node(nodes[0]).topology)):
             return f"{label} on {nodes[0]} is not inside one NVLink domain"

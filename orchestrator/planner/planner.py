@@ -377,11 +377,12 @@ def _with_solver(cluster: ClusterTopology, p: Plan, *, req: PlanRequest,
                  figures: LinkFigures | None) -> Plan:
     """The real solver's placement estimate for plan `p` (the planner's layout is its guess)."""
     from orchestrator.placement.solver import Constraints, solve
+    from orchestrator.spec import ConstraintMode
 
     local = req.global_batch // p.config.dp
     dims = _dims(req.model, p.config, local=local, precision=req.hardware.precision)
-    out = solve(cluster, p.config.mesh, constraints=Constraints(mode="preferred"), model=dims,
-                figures=figures)
+    out = solve(cluster, p.config.mesh, constraints=Constraints(mode=ConstraintMode.PREFERRED),
+                model=dims, figures=figures)
     est = getattr(out, "estimate", None)
     if est is None:
         return replace(p, solver={"error": str(getattr(out, "message", out))})

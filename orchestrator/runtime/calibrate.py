@@ -15,9 +15,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.placement.snapshot import build_snapshot
 from orchestrator.planner.calibration.probes import Probe, intra_link, plan_probes
 from orchestrator.planner.calibration.report import build_doc
+from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.topology.model import ClusterTopology
+from workers.calibrate import CalibrationRank
 
 log = logging.getLogger("meshyard.calibrate")
 
@@ -35,18 +42,14 @@ def calibrate_on_ray(*, declared: ClusterTopology | None, cfg: dict[str, Any],
     `cfg`: the sweep's primitives, min_bytes, max_bytes, warmup and iters
     (``workers.calibrate.measure``). Ray must be initialised.
     """
-    import ray
-
-    from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
-
-    inv = build_inventory(ray_nodes=read_ray_nodes(ray), declared=declared)
-    probes = plan_probes(inv.cluster, free_cpus=inv.free_cpus, cpus_per_rank=cpus_per_rank,
+    snap = build_snapshot(ray_nodes=read_ray_nodes(), topology=declared)
+    probes = plan_probes(snap.cluster, free_cpus=snap.free_cpus, cpus_per_rank=cpus_per_rank,
                          max_ranks=max_ranks)
     measured, backends = [], set()
     for probe in probes:
         if on_probe is not None:
             on_probe(probe)
-        got = _run_probe(inv.cluster, probe, cfg, cpus_per_rank=cpus_per_rank,
+        got = _run_probe(snap.cluster, probe, cfg, cpus_per_rank=cpus_per_rank,
                          reserve_timeout_s=reserve_timeout_s, timeout_s=timeout_s)
         backends.add(got.pop("backend"))
         measured.append(got)
@@ -56,12 +59,6 @@ def calibrate_on_ray(*, declared: ClusterTopology | None, cfg: dict[str, Any],
 def _run_probe(cluster: ClusterTopology, probe: Probe, cfg: dict[str, Any], *,
                cpus_per_rank: float, reserve_timeout_s: float,
                timeout_s: float) -> dict[str, Any]:
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from workers.calibrate import CalibrationRank
-
     what = f"probe {probe.level} on {', '.join(sorted(set(probe.nodes)))}"
     res: dict[str, float] = {"CPU": cpus_per_rank, **({"GPU": 1} if probe.gpu else {})}
     node_ids = [cluster.node(n).node_id for n in probe.nodes]

@@ -1,39 +1,58 @@
 """The per-attempt controller: one detached, named Ray actor per job attempt.
 
 It outlives the control plane (detached), so a restarted control plane reattaches to it by
-name (`controller_name(job, attempt)` in namespace `meshyard`) and resumes polling from the
-cursor it stored. The controller never writes the database: it appends events to an
-in-memory log with increasing sequence numbers; the control plane reads them with
-`poll(after=cursor)`, writes them, stores the cursor, then `ack`s so the controller may drop
-them. Nothing is dropped before it is acknowledged, so nothing is lost.
+name (`events.controller_name(job, attempt)` in namespace `meshyard`) and resumes polling from
+the cursor it stored. The controller never writes the database: it appends typed events
+(`orchestrator.runtime.events`) to an in-memory log with increasing sequence numbers; the
+control plane reads them with `poll(after=cursor)`, writes them, stores the cursor, then
+`ack`s so the controller may drop them. Nothing is dropped before it is acknowledged, so
+nothing is lost.
 
 Attempt flow (thread `_run`):
-  wait for the placement group (timeout → event placement_timeout)
-  → create one WorkerActor per bundle → read the (node id, GPU id) each got → assign ranks
-  → MASTER_ADDR/PORT on rank 0's node → run → forward metrics / logs / heartbeats
-  → succeeded | failed (grouped errors) | cancelled.
+  wait for the placement group (timeout -> PlacementTimeout)
+  -> create one WorkerActor per bundle -> read the (node id, GPU id) each got -> assign ranks
+  -> MASTER_ADDR/PORT on rank 0's node -> run -> forward metrics / logs / heartbeats
+  -> Succeeded | Failed (grouped errors) | Cancelled.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import traceback
+from dataclasses import replace
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.runtime.gang import AttemptConfig, WorkerGang
+from orchestrator.lifecycle import RankState, Reason
+from orchestrator.runtime.events import (
+    NAMESPACE,
+    AttemptConfig,
+    Cancelled,
+    ControllerEvent,
+    Failed,
+    FirstStep,
+    Logs,
+    Metrics,
+    Payload,
+    Placed,
+    PlacementTimeout,
+    PollReply,
+    RankStatus,
+    Succeeded,
+    Terminal,
+    WorkersReady,
+    controller_name,
+)
+from orchestrator.runtime.failures import FailureGroup, RankFailure, group_failures, summarise
+from orchestrator.runtime.gang import Drained, WorkerGang
+from orchestrator.runtime.hangwatch import AttemptWatchdog
 
-NAMESPACE = "meshyard"
 _TICK_S = 0.25
-
-
-def controller_name(job_id: str, attempt: int) -> str:
-    return f"meshyard-ctrl-{job_id}-{attempt}"
-
-
-def pg_name(job_id: str, attempt: int) -> str:
-    return f"meshyard-pg-{job_id}-{attempt}"
+_FINAL_STATE = {Succeeded: RankState.SUCCEEDED, Failed: RankState.FAILED,
+                Cancelled: RankState.CANCELLED}
 
 
 class _EventLog:
@@ -41,21 +60,21 @@ class _EventLog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: list[dict[str, Any]] = []
+        self._events: list[ControllerEvent] = []
         self._seq = 0
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, payload: Payload) -> None:
         with self._lock:
             self._seq += 1
-            self._events.append({"seq": self._seq, "type": kind, "time": time.time(), **data})
+            self._events.append(ControllerEvent(seq=self._seq, payload=payload))
 
-    def after(self, cursor: int, limit: int) -> list[dict[str, Any]]:
+    def after(self, cursor: int, limit: int) -> tuple[ControllerEvent, ...]:
         with self._lock:
-            return [e for e in self._events if e["seq"] > cursor][:limit]
+            return tuple(e for e in self._events if e.seq > cursor)[:limit]
 
     def ack(self, cursor: int) -> None:
         with self._lock:
-            self._events = [e for e in self._events if e["seq"] > cursor]
+            self._events = [e for e in self._events if e.seq > cursor]
 
     @property
     def seq(self) -> int:
@@ -65,13 +84,13 @@ class _EventLog:
 class AttemptController:
     """Runs one attempt. Methods other than the run thread are quick and thread-safe."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.cfg = AttemptConfig.from_dict(config)
+    def __init__(self, config: AttemptConfig) -> None:
+        self.cfg = config
         self.log = _EventLog()
         self._cancel = threading.Event()
         self._done = threading.Event()
-        self._outcome: str | None = None
-        self._ranks: dict[int, dict[str, Any]] = {}
+        self._outcome: Terminal | None = None
+        self._ranks: dict[int, RankStatus] = {}
         self._ranks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._gang: WorkerGang | None = None
@@ -83,12 +102,12 @@ class AttemptController:
             self._thread.start()
         return True
 
-    def poll(self, after: int = 0, limit: int = 500) -> dict[str, Any]:
+    def poll(self, after: int = 0, limit: int = 500) -> PollReply:
         with self._ranks_lock:
-            ranks = [dict(r) for r in self._ranks.values()]
-        return {"events": self.log.after(after, limit), "ranks": ranks, "seq": self.log.seq,
-                "outcome": self._outcome, "job_id": self.cfg.job_id,
-                "attempt": self.cfg.attempt}
+            ranks = tuple(self._ranks.values())
+        outcome = self._outcome.KIND if self._outcome is not None else None
+        return PollReply(events=self.log.after(after, limit), ranks=ranks, seq=self.log.seq,
+                         outcome=outcome, job_id=self.cfg.job_id, attempt=self.cfg.attempt)
 
     def ack(self, cursor: int) -> None:
         self.log.ack(cursor)
@@ -97,10 +116,10 @@ class AttemptController:
         """Stops the workers (gracefully, then by force) and returns the outcome."""
         self._cancel.set()
         self._done.wait(timeout_s)
-        return self._outcome
+        return self.outcome()
 
     def outcome(self) -> str | None:
-        return self._outcome
+        return self._outcome.KIND.value if self._outcome is not None else None
 
     def diagnostics(self, stamp: str | None = None, timeout_s: float = 10.0) -> dict[int, Any]:
         """Per-rank evidence from every worker's diagnostics group (for the hang watchdog;
@@ -115,30 +134,26 @@ class AttemptController:
         try:
             self._attempt()
         except Exception as exc:  # noqa: BLE001 - any controller bug fails the attempt visibly
-            import traceback
-
             if self._gang is not None:
                 self._gang.kill()
-
-            self._finish("failed", reason="INTERNAL_ERROR",
-                         message=f"controller error: {type(exc).__name__}: {exc}",
-                         groups=[{"signature": f"{type(exc).__name__}: {exc}", "ranks": [],
-                                  "nodes": [], "count": 0, "example": str(exc),
-                                  "traceback": traceback.format_exc()[-4000:]}],
-                         failed_nodes=[])
+            sig = f"{type(exc).__name__}: {exc}"
+            group = FailureGroup(signature=sig, ranks=(), nodes=(), example=str(exc),
+                                 traceback=traceback.format_exc()[-4000:])
+            self._finish(Failed(reason=Reason.INTERNAL_ERROR, message=f"controller error: {sig}",
+                                groups=(group,)))
 
     def _attempt(self) -> None:
-        cfg = self.cfg
         if not self._wait_for_placement():
             return
-        self._gang = gang = WorkerGang(cfg, cancel=self._cancel)
+        self._gang = gang = WorkerGang(self.cfg, cancel=self._cancel)
         ranks = gang.create()
         if ranks is None:  # cancelled while creating
             gang.kill()
-            self._finish("cancelled", message="cancelled while starting workers")
+            self._finish(Cancelled(message="cancelled while starting workers"))
             return
-        self._set_ranks(ranks)
-        self.log.emit("workers_ready", ranks=ranks, master=gang.master)
+        with self._ranks_lock:
+            self._ranks = {r.rank: r for r in ranks}
+        self.log.emit(WorkersReady(ranks=ranks, master=gang.master))
         gang.launch()
         self._supervise(gang)
 
@@ -151,34 +166,33 @@ class AttemptController:
         while True:
             done, _ = ray.wait([ready], timeout=_TICK_S)
             if done:
-                self.log.emit("placed", waited_s=round(time.monotonic() - t0, 3))
+                self.log.emit(Placed(waited_s=round(time.monotonic() - t0, 3)))
                 return True
             if self._cancel.is_set():
-                self._finish("cancelled", message="cancelled while waiting for placement")
+                self._finish(Cancelled(message="cancelled while waiting for placement"))
                 return False
             if time.monotonic() > deadline:
-                self._finish("placement_timeout", waited_s=cfg.placement_timeout_s,
-                             message=f"gang reservation of {len(cfg.bundles)} bundles not "
-                             f"ready after {cfg.placement_timeout_s:g} s")
+                self._finish(PlacementTimeout(
+                    waited_s=cfg.placement_timeout_s,
+                    message=f"gang reservation of {cfg.world_size} bundles not ready after "
+                    f"{cfg.placement_timeout_s:g} s"))
                 return False
 
     def _supervise(self, gang: WorkerGang) -> None:
-        from orchestrator.runtime.hangwatch import HangWatch, finish_data
-
         first_step = False
-        watch = HangWatch(self.cfg, emit=self.log.emit)  # hang watchdog (issue 6)
+        watch = AttemptWatchdog(self.cfg, emit=self.log.emit)
         while True:
             finished = gang.wait(timeout_s=_TICK_S)
             drained = gang.drain()
             self._forward(drained)
             if not first_step and gang.last_steps():
                 first_step = True
-                self.log.emit("first_step", step=min(gang.last_steps().values()))
+                self.log.emit(FirstStep(step=min(gang.last_steps().values())))
             if self._cancel.is_set():
                 gang.stop_all(grace_s=2.0)
                 self._forward(gang.drain())
                 gang.kill()
-                self._finish("cancelled", message="workers stopped on request")
+                self._finish(Cancelled(message="workers stopped on request"))
                 return
             failures = gang.failures()
             if failures:
@@ -192,43 +206,39 @@ class AttemptController:
             if finished and gang.all_done():
                 self._forward(gang.drain())
                 gang.kill(succeeded=True)
-                self._finish("succeeded", results=gang.results())
+                self._finish(Succeeded())
                 return
             act = watch.tick(gang, drained)
             if act is not None:  # watchdog.action restart | fail: the hung workers are killed
                 gang.kill()
-                self._finish("failed", **finish_data(act))
+                self._finish(act)
                 return
 
-    def _forward(self, drained: dict[str, Any]) -> None:
-        if drained["metrics"]:
-            self.log.emit("metrics", rows=drained["metrics"])
-        if drained["logs"]:
-            self.log.emit("logs", lines=drained["logs"])
-        if drained["ranks"]:
+    def _forward(self, drained: Drained) -> None:
+        if drained.metrics:
+            self.log.emit(Metrics(rows=drained.metrics))
+        if drained.logs:
+            self.log.emit(Logs(lines=drained.logs))
+        if drained.ranks:
             with self._ranks_lock:
-                for rank, upd in drained["ranks"].items():
-                    self._ranks.setdefault(rank, {"rank": rank}).update(upd)
+                for rank, upd in drained.ranks.items():
+                    self._ranks[rank] = replace(self._ranks.get(rank, RankStatus(rank=rank)),
+                                                **upd)
 
-    def _fail(self, failures: list[dict[str, Any]]) -> None:
-        from orchestrator.runtime.failures import group_failures, summarise
-
+    def _fail(self, failures: list[RankFailure]) -> None:
         groups = group_failures(failures)
-        failed_nodes = sorted({g for grp in groups[:1] for g in grp.nodes})
-        self._finish("failed", reason="WORKER_CRASH", message=summarise(groups),
-                     groups=[g.to_dict() for g in groups], failed_nodes=failed_nodes)
+        failed_nodes = tuple(sorted({n for grp in groups[:1] for n in grp.nodes}))
+        self._finish(Failed(reason=Reason.WORKER_CRASH, message=summarise(groups),
+                            groups=tuple(groups), failed_nodes=failed_nodes))
 
-    def _set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+    def _finish(self, outcome: Terminal) -> None:
+        final = _FINAL_STATE.get(type(outcome))
         with self._ranks_lock:
-            self._ranks = {r["rank"]: dict(r, state="STARTING") for r in ranks}
-
-    def _finish(self, outcome: str, **data: Any) -> None:
-        with self._ranks_lock:
-            final = {"succeeded": "SUCCEEDED", "failed": "FAILED", "cancelled": "CANCELLED"}
-            for r in self._ranks.values():
-                if r.get("state") not in ("FAILED",):
-                    r["state"] = final.get(outcome, r.get("state"))
-        self.log.emit(outcome, **data)
+            if final is not None:
+                for r, status in self._ranks.items():
+                    if status.state != RankState.FAILED:
+                        self._ranks[r] = replace(status, state=final)
+        self.log.emit(outcome)
         self._outcome = outcome
         self._done.set()
 
@@ -237,11 +247,9 @@ RemoteController: Any = ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_concurrency=16, max_restarts=0)(AttemptController)
 
 
-def launch_controller(config: dict[str, Any], *, near_node_id: str | None = None) -> Any:
+def launch_controller(config: AttemptConfig, *, near_node_id: str | None = None) -> Any:
     """Creates (detached, named) and starts the controller of one attempt."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    opts: dict[str, Any] = {"name": controller_name(config["job_id"], config["attempt"]),
+    opts: dict[str, Any] = {"name": controller_name(config.job_id, config.attempt),
                             "namespace": NAMESPACE, "lifetime": "detached"}
     if near_node_id:
         # Keep controllers next to the control plane (the head): losing a worker node must

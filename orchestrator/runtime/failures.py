@@ -4,8 +4,8 @@ Two errors are the same when their type and message match after numbers, hex ids
 addresses are normalised:
 
 >>> groups = group_failures([
-...     {"rank": 3, "node": "n1", "error_type": "RuntimeError", "message": "rank 3 lost peer 1"},
-...     {"rank": 5, "node": "n2", "error_type": "RuntimeError", "message": "rank 5 lost peer 1"},
+...     RankFailure(rank=3, node="n1", error_type="RuntimeError", message="rank 3 lost peer 1"),
+...     RankFailure(rank=5, node="n2", error_type="RuntimeError", message="rank 5 lost peer 1"),
 ... ])
 >>> [(g.signature, g.ranks) for g in groups]
 [('RuntimeError: rank <N> lost peer <N>', (3, 5))]
@@ -14,9 +14,11 @@ addresses are normalised:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from orchestrator.ranges import format_ranges
 
 _PATTERNS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<HEX>"),
@@ -35,6 +37,24 @@ def normalise(message: str) -> str:
 
 
 @dataclass(frozen=True)
+class RankFailure:
+    """One rank's failure as the controller saw it: its run raised, or its process died
+    (error_type WorkerDied). `time` orders failures: the first one is usually the cause."""
+
+    rank: int
+    error_type: str
+    message: str
+    node: str | None = None
+    node_id: str | None = None
+    traceback: str = ""
+    time: float = 0.0
+
+    @property
+    def died(self) -> bool:
+        return self.error_type == "WorkerDied"
+
+
+@dataclass(frozen=True)
 class FailureGroup:
     signature: str
     ranks: tuple[int, ...]
@@ -47,13 +67,13 @@ class FailureGroup:
                 "count": len(self.ranks), "example": self.example, "traceback": self.traceback}
 
 
-def group_failures(failures: Iterable[Mapping[str, Any]]) -> list[FailureGroup]:
-    """Groups rank failures ({rank, node, error_type, message, traceback?}); the group holding
-    the earliest failure comes first (it is usually the cause; the others are fallout)."""
+def group_failures(failures: Iterable[RankFailure]) -> list[FailureGroup]:
+    """Groups rank failures, in the order given (earliest first: the group holding the
+    earliest failure comes first; it is usually the cause, the others are fallout)."""
     order: list[str] = []
-    members: dict[str, list[Mapping[str, Any]]] = {}
+    members: dict[str, list[RankFailure]] = {}
     for f in failures:
-        sig = f"{f.get('error_type') or 'Error'}: {normalise(str(f.get('message', '')))}"
+        sig = f"{f.error_type or 'Error'}: {normalise(f.message)}"
         if sig not in members:
             order.append(sig)
             members[sig] = []
@@ -61,12 +81,10 @@ def group_failures(failures: Iterable[Mapping[str, Any]]) -> list[FailureGroup]:
     out = []
     for sig in order:
         fs = members[sig]
-        ranks = tuple(sorted(int(f["rank"]) for f in fs))
-        nodes = tuple(sorted({str(f.get("node") or "?") for f in fs}))
-        tb = str(fs[0].get("traceback") or "")
+        ranks = tuple(sorted(f.rank for f in fs))
+        nodes = tuple(sorted({f.node or "?" for f in fs}))
         out.append(FailureGroup(signature=sig, ranks=ranks, nodes=nodes,
-                                example=str(fs[0].get("message", ""))[:2000],
-                                traceback=tb[-4000:]))
+                                example=fs[0].message[:2000], traceback=fs[0].traceback[-4000:]))
     return out
 
 
@@ -75,29 +93,7 @@ def summarise(groups: list[FailureGroup]) -> str:
     lines = []
     for g in groups:
         who = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else \
-            f"{len(g.ranks)} ranks ({_ranges(g.ranks)})"
+            f"{len(g.ranks)} ranks ({format_ranges(g.ranks)})"
         where = g.nodes[0] if len(g.nodes) == 1 else f"{len(g.nodes)} nodes"
         lines.append(f"{who} on {where}: {g.signature}")
     return "; ".join(lines)
-
-
-def _ranges(ranks: tuple[int, ...]) -> str:
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:] + (None,):  # type: ignore[operator]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ",".join(parts)
-
-
-def nodes_failed_twice(failed_nodes_per_attempt: Iterable[Iterable[str]]) -> set[str]:
-    """Nodes that appear in the failures of two or more attempts (to avoid on restart)."""
-    counts: dict[str, int] = {}
-    for nodes in failed_nodes_per_attempt:
-        for n in set(nodes):
-            counts[n] = counts.get(n, 0) + 1
-    return {n for n, c in counts.items() if c >= 2}

@@ -1,50 +1,42 @@
 """One attempt's worker gang, driven by the controller (orchestrator/runtime/controller.py).
 
-`AttemptConfig` is what the scheduler hands the controller; `WorkerGang` creates the worker
-actors on the placement-group bundles, assigns ranks from where they really landed, launches
-training and turns polls / results / actor deaths into plain dicts for the controller's log.
+`WorkerGang` creates the worker actors on the placement-group bundles, assigns ranks from
+where they really landed (`placement.ranks.landed_ranks`), hands each its typed
+`RankAssignment`, and turns polls / results / actor deaths into typed values for the
+controller: `RankStatus` updates, `RankFailure`s, a `Drained` batch per tick.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.lifecycle import RankState
 from orchestrator.mesh import MeshShape
-from orchestrator.placement.ranks import bundle_ranks
+from orchestrator.placement.ranks import landed_ranks
+from orchestrator.runtime.events import AttemptConfig, Master, RankStatus
+from orchestrator.runtime.failures import RankFailure
+from orchestrator.runtime.pool import find_pool
+from workers.actor import WorkerActor
+from workers.assignment import DistEnv, RankAssignment, RankResult, WorkerPoll, WorkerState
 
 _POLL_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
-class AttemptConfig:
-    job_id: str
-    attempt: int
-    spec: dict[str, Any]
-    pg_name: str
-    bundles: list[dict[str, Any]]  # per bundle: rank, node, node_id, gpu, resources
-    run_dir: str
-    placement_timeout_s: float
-    init_timeout_s: float
-    train_fn: str | None = None
-    steps: int | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    cluster: dict[str, Any] | None = None  # cluster_to_dict of the nodes used (GPU jobs)
-    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
+class Drained:
+    """One tick's poll of every live worker: metrics rows, log lines, and per-rank updates
+    (RankStatus fields: state, step, phase, last_heartbeat, pid)."""
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttemptConfig:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-    @property
-    def log_dir(self) -> str:
-        return f"{self.run_dir}/logs/attempt-{self.attempt}"
+    metrics: tuple[dict[str, Any], ...] = ()
+    logs: tuple[dict[str, Any], ...] = ()
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _death_message(exc: BaseException) -> str:
@@ -59,30 +51,27 @@ class WorkerGang:
         self.cfg = cfg
         self._cancel = cancel
         self.workers: dict[int, Any] = {}
-        self.ranks: dict[int, dict[str, Any]] = {}
-        self.master: dict[str, Any] = {}
+        self.ranks: dict[int, RankStatus] = {}
+        self.master = Master(addr="", port=0)
         self._refs: dict[Any, int] = {}
-        self._results: dict[int, dict[str, Any]] = {}
+        self._results: dict[int, RankResult] = {}
         self._dead: set[int] = set()
         self._last_step: dict[int, int] = {}
         self._actors: list[Any] = []
-        self._pooled: dict[str, list[Any]] = {}  # node id → leased warm actors
+        self._pooled: dict[str, list[Any]] = {}  # node id -> leased warm actors
 
     # -- start ------------------------------------------------------------------------------
-    def create(self) -> list[dict[str, Any]] | None:
+    def create(self) -> tuple[RankStatus, ...] | None:
         """Creates the actors, reads where each landed and assigns ranks; None if cancelled."""
-        from workers.actor import WorkerActor
-
         pg = ray.util.get_placement_group(self.cfg.pg_name)
         pooled = self._lease_pooled()
         actors = []
         for i, b in enumerate(self.cfg.bundles):
-            res = b["resources"]
             if i in pooled:
                 actors.append(pooled[i])
                 continue
             actors.append(WorkerActor.options(  # type: ignore[attr-defined]
-                num_cpus=res.get("CPU", 0), num_gpus=res.get("GPU", 0), max_restarts=0,
+                num_cpus=b.cpus, num_gpus=1 if b.gpu is not None else 0, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=i),
             ).remote())
@@ -91,35 +80,30 @@ class WorkerGang:
         if infos is None:
             self.kill()
             return None
-        landed = [dict(info, bundle=i) for i, info in enumerate(infos)]
-        by_bundle = self._ranks_for(landed)
-        p = self.cfg.spec.get("parallelism", {})
-        mesh = MeshShape(**{k: int(p.get(k, 1)) for k in ("pp", "dp_replicate", "dp_shard",
-                                                         "tp")})
-        for i, rank in by_bundle.items():
-            info, plan = landed[i], self.cfg.bundles[i]
-            gpu = info["gpu_ids"][0] if info["gpu_ids"] else None
+        where = [(str(x["node_id"]), x["gpu_ids"][0] if x["gpu_ids"] else None) for x in infos]
+        mesh = MeshShape.from_parallelism(self.cfg.spec.parallelism)
+        ranks = landed_ranks(bundles=self.cfg.bundles, landed=where, mesh=mesh,
+                             cluster=self.cfg.cluster, tp_within=self.cfg.spec.placement.tp_within)
+        for i, rank in enumerate(ranks):
+            info, (node_id, gpu) = infos[i], where[i]
             self.workers[rank] = actors[i]
-            self.ranks[rank] = {"rank": rank, "node": plan.get("node"), "node_id": info["node_id"],
-                                "gpu": gpu, "coords": mesh.coords(rank),
-                                "pid": info["pid"], "ip": info["ip"], "bundle": i}
-        rank0 = self.workers[0]
-        port = ray.get(rank0.free_port.remote(), timeout=_POLL_TIMEOUT_S * 6)
-        self.master = {"addr": self.ranks[0]["ip"], "port": port}
-        return [dict(self.ranks[r]) for r in sorted(self.ranks)]
+            self.ranks[rank] = RankStatus(rank=rank, node=self.cfg.bundles[i].node,
+                                          node_id=node_id, gpu=gpu, coords=mesh.coords(rank),
+                                          pid=info["pid"], ip=info["ip"], bundle=i)
+        port = ray.get(self.workers[0].free_port.remote(), timeout=_POLL_TIMEOUT_S * 6)
+        self.master = Master(addr=str(self.ranks[0].ip), port=int(port))
+        return tuple(self.ranks[r] for r in sorted(self.ranks))
 
     def _lease_pooled(self) -> dict[int, Any]:
-        """Bundle index → a warm pooled actor on the bundle's node (CPU bundles only)."""
-        if not self.cfg.use_pool or any(b["resources"].get("GPU") for b in self.cfg.bundles):
+        """Bundle index -> a warm pooled actor on the bundle's node (CPU bundles only)."""
+        if not self.cfg.use_pool or any(b.gpu is not None for b in self.cfg.bundles):
             return {}
-        from orchestrator.runtime.pool import find_pool
-
         pool = find_pool()
         if pool is None:
             return {}
         by_node: dict[str, list[int]] = {}
         for i, b in enumerate(self.cfg.bundles):
-            by_node.setdefault(b["node_id"], []).append(i)
+            by_node.setdefault(str(b.node_id), []).append(i)
         out: dict[int, Any] = {}
         for node, idxs in by_node.items():
             try:
@@ -129,27 +113,6 @@ class WorkerGang:
             self._pooled.setdefault(node, []).extend(got)
             out.update(zip(idxs, got, strict=False))
         return out
-
-    def _ranks_for(self, landed: list[dict[str, Any]]) -> dict[int, int]:
-        """Bundle index → rank, from where each actor landed (the placement module's rules
-        for GPU jobs; planned order for CPU jobs)."""
-        if self.cfg.cluster is None or not all(x["gpu_ids"] for x in landed):
-            return bundle_ranks(bundles=self.cfg.bundles, landed=landed)
-        from orchestrator.mesh import MeshShape
-        from orchestrator.placement.ranks import RankPlacement, ranks_for_actors
-        from orchestrator.topology.declared import parse_cluster_doc
-
-        cluster = parse_cluster_doc(self.cfg.cluster)
-        p = self.cfg.spec.get("parallelism", {})
-        mesh = MeshShape(**{k: int(p.get(k, 1)) for k in ("pp", "dp_replicate", "dp_shard",
-                                                         "tp")})
-        planned = [RankPlacement(rank=b["rank"], node=b["node"], node_key=b["node_id"],
-                                 gpu=b["gpu"], coords=b.get("coords", {}))
-                   for b in self.cfg.bundles]
-        tp_within = self.cfg.spec.get("placement", {}).get("tp_within", "nvlink_domain")
-        actors = [(x["node_id"], x["gpu_ids"][0]) for x in landed]
-        ranks = ranks_for_actors(cluster, mesh, actors, planned=planned, tp_within=tp_within)
-        return dict(enumerate(ranks))
 
     def _gather(self, refs: list[Any], timeout_s: float) -> list[Any] | None:
         deadline = time.monotonic() + timeout_s
@@ -164,23 +127,21 @@ class WorkerGang:
         return ray.get(refs)
 
     def launch(self) -> None:
+        cfg = self.cfg
         world = len(self.ranks)
-        per_node: dict[str, list[int]] = {}
+        per_node: dict[str | None, list[int]] = {}
         for r in sorted(self.ranks):
-            per_node.setdefault(self.ranks[r]["node_id"], []).append(r)
+            per_node.setdefault(self.ranks[r].node_id, []).append(r)
+        env = dict(cfg.extra_env, MESHYARD_JOB_ID=cfg.job_id, MESHYARD_ATTEMPT=str(cfg.attempt))
         for r, w in self.workers.items():
-            peers = per_node[self.ranks[r]["node_id"]]
-            assignment = {
-                "rank": r, "attempt": self.cfg.attempt, "spec": self.cfg.spec,
-                "run_dir": self.cfg.run_dir,
-                "log_dir": self.cfg.log_dir, "train_fn": self.cfg.train_fn,
-                "steps": self.cfg.steps,
-                "dist": {"rank": r, "local_rank": peers.index(r), "world_size": world,
-                         "local_world_size": len(peers), "master_addr": self.master["addr"],
-                         "master_port": self.master["port"]},
-                "env": dict(self.cfg.extra_env, MESHYARD_JOB_ID=self.cfg.job_id,
-                            MESHYARD_ATTEMPT=str(self.cfg.attempt)),
-            }
+            peers = per_node[self.ranks[r].node_id]
+            assignment = RankAssignment(
+                job_id=cfg.job_id, attempt=cfg.attempt, rank=r, spec=cfg.spec,
+                run_dir=cfg.run_dir, log_dir=cfg.log_dir, train_fn=cfg.train_fn,
+                steps=cfg.steps, env=env,
+                dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,
+                              local_world_size=len(peers), master_addr=self.master.addr,
+                              master_port=self.master.port))
             self._refs[w.run.remote(assignment)] = r
 
     # -- supervise --------------------------------------------------------------------------
@@ -193,58 +154,59 @@ class WorkerGang:
         for ref in done:
             rank = self._refs[ref]
             try:
-                self._results[rank] = ray.get(ref)
+                result: RankResult = ray.get(ref)
             except RayActorError as exc:
                 self._dead.add(rank)
-                self._results[rank] = {"status": "error", "rank": rank,
-                                       "error_type": "WorkerDied", "message": _death_message(exc)}
+                result = RankResult(rank=rank, state=WorkerState.ERROR, error_type="WorkerDied",
+                                    message=_death_message(exc))
             except RayError as exc:
-                self._results[rank] = {"status": "error", "rank": rank,
-                                       "error_type": type(exc).__name__, "message": str(exc)}
-            self._results[rank].setdefault("time", time.time())
+                result = RankResult(rank=rank, state=WorkerState.ERROR,
+                                    error_type=type(exc).__name__, message=str(exc))
+            self._results[rank] = replace(result, time=result.time or time.time())
         return bool(done)
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self) -> Drained:
         """Polls every live worker: metrics, log lines, heartbeats, per-rank updates."""
         live = {r: w for r, w in self.workers.items() if r not in self._dead}
         refs = {r: w.poll.remote() for r, w in live.items()}
-        out: dict[str, Any] = {"metrics": [], "logs": [], "ranks": {}}
+        metrics: list[dict[str, Any]] = []
+        logs: list[dict[str, Any]] = []
+        ranks: dict[int, dict[str, Any]] = {}
         for r, ref in refs.items():
             try:
-                p = ray.get(ref, timeout=_POLL_TIMEOUT_S)
+                p: WorkerPoll = ray.get(ref, timeout=_POLL_TIMEOUT_S)
             except (RayActorError, GetTimeoutError, RayError):
                 continue  # the run ref reports the death; a slow poll is retried next tick
-            out["metrics"].extend(p["metrics"])
-            out["logs"].extend(p["logs"])
-            upd: dict[str, Any] = {"state": p["state"].upper()}
-            if p["metrics"]:
-                self._last_step[r] = int(p["metrics"][-1].get("step", 0))
-            hb = p.get("heartbeat")
+            metrics.extend(p.metrics)
+            logs.extend(p.logs)
+            upd: dict[str, Any] = {"state": RankState(p.state.upper())}
+            if p.metrics:
+                self._last_step[r] = int(p.metrics[-1].get("step", 0))
+            hb = p.heartbeat
             if hb:
                 upd.update(step=hb.get("step"), phase=hb.get("phase"),
                            last_heartbeat=hb.get("time"), pid=hb.get("pid"))
             elif r in self._last_step:
                 upd["step"] = self._last_step[r]
-            out["ranks"][r] = upd
+            ranks[r] = upd
         for r, res in self._results.items():
-            if res.get("status") == "error":
-                out["ranks"].setdefault(r, {})["state"] = "FAILED"
-        return out
+            if res.failed:
+                ranks.setdefault(r, {})["state"] = RankState.FAILED
+        return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks)
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
 
-    def failures(self) -> list[dict[str, Any]]:
-        fs = [dict(res, node=self.ranks[r]["node"], node_id=self.ranks[r]["node_id"])
-              for r, res in self._results.items() if res.get("status") == "error"]
-        return sorted(fs, key=lambda f: (f.get("time", 0.0), f["rank"]))
+    def failures(self) -> list[RankFailure]:
+        """Failed ranks, earliest first."""
+        fs = [RankFailure(rank=r, error_type=res.error_type or "Error", message=res.message,
+                          node=self.ranks[r].node, node_id=self.ranks[r].node_id,
+                          traceback=res.traceback, time=res.time or 0.0)
+              for r, res in self._results.items() if res.failed]
+        return sorted(fs, key=lambda f: (f.time, f.rank))
 
     def all_done(self) -> bool:
         return len(self._results) == len(self._refs) and not self.failures()
-
-    def results(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in self._results[r].items() if k != "result"}
-                for r in sorted(self._results)]
 
     def stop_all(self, *, grace_s: float) -> None:
         for r, w in self.workers.items():
@@ -264,8 +226,6 @@ class WorkerGang:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(w, no_restart=True)
         if self._pooled:
-            from orchestrator.runtime.pool import find_pool
-
             pool = find_pool()
             for node, actors in self._pooled.items():
                 if pool is not None:

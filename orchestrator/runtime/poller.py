@@ -1,16 +1,15 @@
 """The control plane's side of every controller: poll with a cursor, write, acknowledge.
 
 The poller is the only writer of what the controllers report. Per active job, each pass:
-  find the attempt's controller by name (reattach after a restart) → poll(after=cursor) →
-  write the events in order (state transitions, ranks, metrics, logs) → store the cursor →
+  find the attempt's controller by name (reattach after a restart) -> poll(after=cursor) ->
+  write the events in order (state transitions, ranks, metrics, logs) -> store the cursor ->
   ack. A crash between writing and storing the cursor replays at most one batch.
 
-Policies (decisions here, actions in the controller / Ray):
-  * failed attempt → RESTARTING → QUEUED while earlier failures < max_failures, else FAILED
-    with MAX_FAILURES and the grouped error;
-  * CANCELLING → controller.cancel(); CANCELLED once it reports (or forcibly after 10 s);
-  * controller gone (control plane was down, node lost): PLACING → requeue; STARTING /
-    RUNNING → a failed attempt (CONTROLLER_LOST) under the same restart policy.
+It applies decisions, it does not make them: after a failed attempt `policy.restart_decision`
+says restart, fail or finish a cancel. Besides that:
+  * CANCELLING -> controller.cancel(); CANCELLED once it reports (or forcibly after 8 s);
+  * controller gone (control plane was down, node lost): PLACING -> requeue; STARTING /
+    RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy.
 """
 
 from __future__ import annotations
@@ -24,17 +23,39 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from orchestrator.lifecycle import ACTIVE_STATES, IllegalTransition, JobState, Reason
-from orchestrator.runtime.controller import NAMESPACE, find_controller, pg_name
-from orchestrator.runtime.diagnoses import store_diagnosis
+from orchestrator.lifecycle import ACTIVE_STATES, AttemptState, IllegalTransition, JobState, Reason
+from orchestrator.placement.gang_plan import Pending, PendingKind
+from orchestrator.runtime.controller import find_controller
+from orchestrator.runtime.events import (
+    NAMESPACE,
+    Cancelled,
+    ControllerEvent,
+    Diagnosis,
+    Failed,
+    FirstStep,
+    Logs,
+    Metrics,
+    Placed,
+    PlacementTimeout,
+    PollReply,
+    RankStatus,
+    Succeeded,
+    WatchdogError,
+    WorkersReady,
+    parse_controller_name,
+    parse_pg_name,
+    pg_name,
+)
+from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
+from orchestrator.spec import WatchdogAction, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
+from orchestrator.watchdog.report import Verdict
 
 log = logging.getLogger("meshyard.poller")
 _POLL_TIMEOUT_S = 10.0
 _CANCEL_DEADLINE_S = 8.0
 _LOST_AFTER_S = 3.0
-_RANK_FIELDS = ("node", "node_id", "gpu", "coords", "state", "step", "phase", "pid")
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -55,6 +76,15 @@ def kill_controller(job_id: str, attempt: int) -> None:
     if handle is not None:
         with contextlib.suppress(ValueError, RayError):
             ray.kill(handle, no_restart=True)
+
+
+def _rank_row(r: RankStatus) -> dict[str, Any]:
+    row: dict[str, Any] = {"rank": r.rank, "node": r.node, "node_id": r.node_id, "gpu": r.gpu,
+                           "coords": dict(r.coords), "state": r.state.value, "step": r.step,
+                           "phase": r.phase, "pid": r.pid}
+    if r.last_heartbeat:
+        row["last_heartbeat"] = _ts(r.last_heartbeat)
+    return row
 
 
 class Poller:
@@ -101,117 +131,116 @@ class Poller:
         n = job.current_attempt
         cursor = self.store.get_cursor(job.id, n)
         while True:
-            reply = ray.get(handle.poll.remote(cursor), timeout=_POLL_TIMEOUT_S)
-            self._write_ranks(job.id, n, reply["ranks"])
-            if not reply["events"]:
+            reply: PollReply = ray.get(handle.poll.remote(cursor), timeout=_POLL_TIMEOUT_S)
+            self._write_ranks(job.id, n, reply.ranks)
+            if not reply.events:
                 return
-            terminal = None
-            for ev in reply["events"]:
-                terminal = self._apply(job.id, n, ev) or terminal
-            cursor = reply["events"][-1]["seq"]
+            terminal = False
+            for ev in reply.events:
+                self._apply(job.id, n, ev)
+                terminal = terminal or ev.terminal
+            cursor = reply.events[-1].seq
             self.store.set_cursor(job.id, n, cursor)
             handle.ack.remote(cursor)
             if terminal:
                 self._cleanup(job.id, n)
                 return
 
-    def _write_ranks(self, job_id: str, n: int, ranks: list[dict[str, Any]]) -> None:
+    def _write_ranks(self, job_id: str, n: int, ranks: tuple[RankStatus, ...]) -> None:
         seen = self._ranks_seen.setdefault((job_id, n), {})
         changed = []
         for r in ranks:
-            key = tuple(r.get(k) for k in (*_RANK_FIELDS, "last_heartbeat"))
-            if seen.get(r["rank"]) != key:
-                seen[r["rank"]] = key
-                row = {k: r[k] for k in _RANK_FIELDS if k in r}
-                row["rank"] = r["rank"]
-                if r.get("last_heartbeat"):
-                    row["last_heartbeat"] = _ts(r["last_heartbeat"])
-                changed.append(row)
+            key = r.stored()
+            if seen.get(r.rank) != key:
+                seen[r.rank] = key
+                changed.append(_rank_row(r))
         if changed:
             self.store.upsert_ranks(job_id, n, changed)
 
-    def _apply(self, job_id: str, n: int, ev: dict[str, Any]) -> bool:
-        """Writes one controller event; True when it ends the attempt."""
-        kind = ev["type"]
-        if kind == "metrics":
-            self.store.add_metrics(job_id, n, ev["rows"], cursor=ev.get("seq"))
-        elif kind == "logs":
-            self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in ev["lines"]],
-                                cursor=ev.get("seq"))
-        elif kind == "placed":
-            self._move(job_id, JobState.STARTING, Reason.PLACEMENT_FOUND,
-                       f"gang reservation ready after {ev['waited_s']:g} s")
-        elif kind == "workers_ready":
-            self._write_ranks(job_id, n, [dict(r, state="STARTING") for r in ev["ranks"]])
-            m = ev["master"]
-            self.store.add_event(job_id, kind="info", reason=Reason.WORKERS_READY.value,
-                                 message=f"{len(ev['ranks'])} workers up; rank 0 at "
-                                 f"{m['addr']}:{m['port']}", data={"master": m})
-        elif kind == "first_step":
-            self._move(job_id, JobState.RUNNING, Reason.FIRST_STEP, f"step {ev['step']} done")
-        elif kind == "diagnosis":
-            store_diagnosis(self.store, job_id, n, ev)
-        elif kind == "watchdog_error":
-            log.warning("%s: hang watchdog error: %s", job_id, ev.get("message"))
-        else:
-            return self._apply_terminal(job_id, n, ev)
-        return False
+    def _apply(self, job_id: str, n: int, ev: ControllerEvent) -> None:
+        """Writes one controller event."""
+        match ev.payload:
+            case Metrics(rows=rows):
+                self.store.add_metrics(job_id, n, list(rows), cursor=ev.seq)
+            case Logs(lines=lines):
+                self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in lines],
+                                    cursor=ev.seq)
+            case Placed(waited_s=waited):
+                self._move(job_id, JobState.STARTING, Reason.PLACEMENT_FOUND,
+                           f"gang reservation ready after {waited:g} s")
+            case WorkersReady(ranks=ranks, master=m):
+                self._write_ranks(job_id, n, ranks)
+                self.store.add_event(job_id, kind="info", reason=Reason.WORKERS_READY.value,
+                                     message=f"{len(ranks)} workers up; rank 0 at "
+                                     f"{m.addr}:{m.port}",
+                                     data={"master": {"addr": m.addr, "port": m.port}})
+            case FirstStep(step=step):
+                self._move(job_id, JobState.RUNNING, Reason.FIRST_STEP, f"step {step} done")
+            case Diagnosis():
+                self._record_diagnosis(job_id, n, ev.payload)
+            case WatchdogError(message=message):
+                log.warning("%s: hang watchdog error: %s", job_id, message)
+            case Succeeded():
+                self.store.end_attempt(job_id, n, state=AttemptState.SUCCEEDED)
+                self._move(job_id, JobState.SUCCEEDED, Reason.COMPLETED, "training finished")
+            case Cancelled(message=message):
+                self.store.end_attempt(job_id, n, state=AttemptState.CANCELLED, message=message)
+                self._finish_cancel(job_id)
+            case PlacementTimeout(message=message, waited_s=waited):
+                self.store.end_attempt(job_id, n, state=AttemptState.PLACEMENT_TIMEOUT,
+                                       message=message)
+                self._move(job_id, JobState.QUEUED, Reason.PLACEMENT_TIMEOUT, message)
+                pending = Pending(PendingKind.PLACEMENT_TIMEOUT, message, waited_s=waited)
+                self.store.set_pending_reason(job_id, pending.to_dict())
+            case Failed() as f:
+                failure = AttemptFailure(attempt=n, failed_nodes=f.failed_nodes,
+                                         avoid_nodes=f.avoid_nodes)
+                self._attempt_failed(job_id, n, reason=f.reason, message=f.message,
+                                     data=failure.event_data(
+                                         groups=[g.to_dict() for g in f.groups]),
+                                     final=f.hang_action == WatchdogAction.FAIL)
 
-    def _apply_terminal(self, job_id: str, n: int, ev: dict[str, Any]) -> bool:
-        kind = ev["type"]
-        if kind == "succeeded":
-            self.store.end_attempt(job_id, n, state="SUCCEEDED")
-            self._move(job_id, JobState.SUCCEEDED, Reason.COMPLETED, "training finished")
-        elif kind == "cancelled":
-            self.store.end_attempt(job_id, n, state="CANCELLED", message=ev.get("message", ""))
-            self._finish_cancel(job_id)
-        elif kind == "placement_timeout":
-            self.store.end_attempt(job_id, n, state="PLACEMENT_TIMEOUT", message=ev["message"])
-            self._move(job_id, JobState.QUEUED, Reason.PLACEMENT_TIMEOUT, ev["message"])
-            self.store.set_pending_reason(job_id, {"kind": "placement_timeout",
-                                                   "message": ev["message"],
-                                                   "waited_s": ev.get("waited_s")})
-        elif kind == "failed":
-            self._attempt_failed(job_id, n, reason=Reason(ev.get("reason", "WORKER_CRASH")),
-                                 message=ev["message"],
-                                 data={"groups": ev.get("groups", []),
-                                       "failed_nodes": ev.get("failed_nodes", []),
-                                       "avoid_nodes": ev.get("avoid_nodes", []),
-                                       "attempt": n},
-                                 final=ev.get("hang_action") == "fail")
-        else:
-            log.warning("unknown controller event %s", kind)
-            return False
-        return True
+    def _record_diagnosis(self, job_id: str, n: int, d: Diagnosis) -> None:
+        """Stores a hang watchdog report with its attempt, and a job event pointing at it
+        (GET /v1/jobs/{id}/diagnoses and the dashboard show it)."""
+        report = d.report.to_dict()
+        report["details"] = {**report.get("details", {}), "trigger": d.trigger,
+                             "detected_at": d.detected_at}
+        verdict, culprits = d.report.verdict.value, list(d.report.culprit_ranks)
+        self.store.add_diagnosis(job_id, n, verdict=verdict, culprit_ranks=culprits,
+                                 summary=d.report.summary, report=report)
+        kind = "info" if d.report.verdict is Verdict.STRAGGLER else "warning"
+        self.store.add_event(job_id, kind=kind, reason=verdict,
+                             message=f"diagnosis (attempt {n}): {d.report.summary}",
+                             data={"verdict": verdict, "culprit_ranks": culprits,
+                                   "attempt": n})
 
-    # -- policies -------------------------------------------------------------------------
+    # -- applying the restart policy --------------------------------------------------------
     def _attempt_failed(self, job_id: str, n: int, *, reason: Reason, message: str,
                         data: dict[str, Any], final: bool = False) -> None:
-        self.store.end_attempt(job_id, n, state="FAILED", failure_reason=reason.value,
-                               message=message)
+        """Records attempt `n`'s failure (`data`: its AttemptFailure.event_data) and applies
+        the restart policy's decision. `final`: the hang watchdog's action is fail."""
+        self.store.end_attempt(job_id, n, state=AttemptState.FAILED,
+                               failure_reason=reason.value, message=message)
         self.store.add_event(job_id, kind="error", reason=reason.value,
                              message=f"attempt {n} failed: {message}", data=data)
         job = self.store.get_job(job_id)
         assert job is not None
-        if job.state == JobState.CANCELLING:
+        failed = sum(1 for a in self.store.list_attempts(job_id)
+                     if a.state == AttemptState.FAILED)
+        decision = restart_decision(
+            attempt=n, failed=failed, reason=reason, message=message,
+            max_failures=parse_spec(job.spec).fault_tolerance.max_failures,
+            hang_action=WatchdogAction.FAIL if final else None,
+            cancelling=job.state == JobState.CANCELLING)
+        if decision.outcome == Outcome.FINISH_CANCEL:
             self._finish_cancel(job_id)
-            return
-        from orchestrator.spec import parse_spec
-
-        max_failures = parse_spec(job.spec).fault_tolerance.max_failures
-        failures = sum(1 for a in self.store.list_attempts(job_id) if a.state == "FAILED")
-        if final:  # watchdog.action=fail: a hang ends the job, no restart
-            self._move(job_id, JobState.FAILED, reason, f"attempt {n}: {message}", data)
-        elif failures - 1 < max_failures:
-            self._move(job_id, JobState.RESTARTING, reason,
-                       f"attempt {n} failed ({failures} of {max_failures + 1} allowed): "
-                       f"{message}", data)
+        elif decision.outcome == Outcome.RESTART:
+            self._move(job_id, JobState.RESTARTING, decision.reason, decision.message, data)
             self._move(job_id, JobState.QUEUED, Reason.RESTART_SCHEDULED,
-                       f"attempt {n + 1} will resume from the latest checkpoint")
+                       decision.requeue_message)
         else:
-            self._move(job_id, JobState.FAILED, Reason.MAX_FAILURES,
-                       f"{failures} failed attempts (max_failures={max_failures}); last: "
-                       f"{message}", data)
+            self._move(job_id, JobState.FAILED, decision.reason, decision.message, data)
 
     def _move(self, job_id: str, dst: JobState, reason: Reason, message: str,
               data: dict[str, Any] | None = None) -> None:
@@ -238,7 +267,7 @@ class Poller:
         """The controller did not confirm in time: kill it (its workers die with it)."""
         n = job.current_attempt
         self._cleanup(job.id, n)
-        self.store.end_attempt(job.id, n, state="CANCELLED", message="stopped by force")
+        self.store.end_attempt(job.id, n, state=AttemptState.CANCELLED, message="stopped by force")
         self._finish_cancel(job.id)
 
     def _finish_cancel(self, job_id: str) -> None:
@@ -252,11 +281,13 @@ class Poller:
         remove_pg(job.id, n)
         if job.state == JobState.CANCELLING:
             if n:
-                self.store.end_attempt(job.id, n, state="CANCELLED", message="no controller")
+                self.store.end_attempt(job.id, n, state=AttemptState.CANCELLED,
+                                       message="no controller")
             self._finish_cancel(job.id)
         elif job.state in (JobState.PLACING, JobState.RESTARTING):
             if n:
-                self.store.end_attempt(job.id, n, state="LOST", message="controller lost")
+                self.store.end_attempt(job.id, n, state=AttemptState.LOST,
+                                       message="controller lost")
             self._move(job.id, JobState.QUEUED, Reason.CONTROLLER_LOST,
                        "the controller was lost before training started; placing again")
         elif job.state in ACTIVE_STATES:
@@ -287,22 +318,15 @@ def sweep_orphans(store: Store, *, launching: set[str] | frozenset[str] = frozen
     live = {(j.id, j.current_attempt) for j in store.active_jobs()}
     removed = 0
     for name, ns in actors:
-        key = _parse_name(name, "meshyard-ctrl-")
+        key = parse_controller_name(name)
         if ns == NAMESPACE and key and key not in live and key[0] not in launching:
             log.warning("killing orphaned controller %s", name)
             kill_controller(*key)
             removed += 1
     for name, state in groups:
-        key = _parse_name(name, "meshyard-pg-")
+        key = parse_pg_name(name)
         if key and key not in live and key[0] not in launching and state != "REMOVED":
             log.warning("removing orphaned placement group %s", name)
             remove_pg(*key)
             removed += 1
     return removed
-
-
-def _parse_name(name: str, prefix: str) -> tuple[str, int] | None:
-    if not name.startswith(prefix):
-        return None
-    job, _, attempt = name[len(prefix):].rpartition("-")
-    return (job, int(attempt)) if attempt.isdigit() and job else None

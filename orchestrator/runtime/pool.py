@@ -6,7 +6,7 @@ Ray resources while idle (num_cpus=0, pinned to its node); while it runs a job, 
 placement-group bundle on that node holds the CPUs, so gang accounting is unchanged. GPU
 bundles always get fresh actors: Ray's per-actor CUDA_VISIBLE_DEVICES is the GPU isolation.
 
-Isolation between jobs (tested in tests/integration/runtime/test_warm_pool.py):
+Isolation between jobs (tests/integration/runtime/test_warm_pool.py):
   * an actor runs one job at a time: a lease takes it out of the pool;
   * it comes back only after a clean completion; a failed, cancelled or killed job's actors
     are killed and replaced;
@@ -26,8 +26,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-POOL_NAME = "meshyard-pool"
-NAMESPACE = "meshyard"
+from orchestrator.runtime.events import NAMESPACE, POOL_NAME
 
 
 class WorkerPool:

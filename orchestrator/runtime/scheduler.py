@@ -1,4 +1,4 @@
-"""The scheduler loop: queued jobs → gang reservation (one placement group) + a controller.
+"""The scheduler loop: queued jobs -> gang reservation (one placement group) + a controller.
 
 Order: priority (higher first), then FIFO (submission order). Every queued job is tried in
 that order against what is still free after the jobs placed before it in the same tick; a job
@@ -6,7 +6,7 @@ that does not fit records why (`pending_reason`, with numbers) and the scan goes
 infeasible or large job never blocks smaller ones behind it (no head-of-line blocking). The
 price is that a large waiting job can be overtaken by smaller ones while it waits.
 
-Placing a job: QUEUED → PLACING (reason PLACEMENT_FOUND, the solver's summary), a new attempt
+Placing a job: QUEUED -> PLACING (reason PLACEMENT_FOUND, the solver's summary), a new attempt
 with the plan, one detached named placement group with a bundle per rank pinned to the
 planned node (`bundle_label_selector` on `ray.io/node-id`), then the attempt's controller,
 which waits for the group (spec.placement.timeout_s) and reports back through the poller.
@@ -17,22 +17,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import ray
 from ray.util.placement_group import placement_group
 
 from orchestrator.lifecycle import JobState, Reason
-from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job
+from orchestrator.placement.gang_plan import GangPlan, Pending, PlanDevice, plan_job
+from orchestrator.placement.holds import busy_gpus, gpu_holds
 from orchestrator.placement.links import LinkFigures
-from orchestrator.placement.snapshot import (
-    Inventory,
-    build_inventory,
-    read_ray_nodes,
-    reserved_gpus,
-)
-from orchestrator.runtime.controller import launch_controller, pg_name
-from orchestrator.runtime.failures import nodes_failed_twice
+from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
+from orchestrator.runtime.controller import launch_controller
+from orchestrator.runtime.events import AttemptConfig, pg_name
+from orchestrator.runtime.nodes import read_ray_nodes
+from orchestrator.runtime.policy import AttemptFailure, avoid_nodes
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
@@ -40,10 +36,11 @@ from orchestrator.topology.model import ClusterTopology
 
 log = logging.getLogger("meshyard.scheduler")
 
+TopologyFn = Callable[[list[RayNode]], ClusterTopology | None]
+
 
 class Scheduler:
-    def __init__(self, *, store: Store, runs_dir: Path,
-                 declared: Callable[[], ClusterTopology | None],
+    def __init__(self, *, store: Store, runs_dir: Path, topology: TopologyFn,
                  near_node_id: str | None = None, train_fn: str | None = None,
                  extra_env: dict[str, str] | None = None,
                  launching: set[str] | None = None, use_pool: bool = False,
@@ -54,33 +51,17 @@ class Scheduler:
         self.use_pool = use_pool
         self.launching = launching if launching is not None else set()
         self.runs_dir = runs_dir.resolve()
-        self._declared = declared
+        self._topology = topology
         self.near_node_id = near_node_id
         self.train_fn = train_fn
         self.extra_env = dict(extra_env or {})
 
-    # -- inventory ----------------------------------------------------------------------------
-    def inventory(self) -> Inventory:
-        busy: dict[str, list[int]] = {}
-        for job in self.store.active_jobs():
-            for node_id, gpus in self._held_gpus(job).items():
-                busy.setdefault(node_id, []).extend(gpus)
-        return build_inventory(ray_nodes=read_ray_nodes(ray), declared=self._declared(),
-                               busy=busy)
-
-    def _held_gpus(self, job: JobRecord) -> dict[str, list[int]]:
-        """GPUs an active job holds: where its ranks really are, else its plan."""
-        if job.current_attempt == 0:
-            return {}
-        ranks = self.store.list_ranks(job.id, attempt=job.current_attempt)
-        if ranks and all(r.node_id and r.gpu is not None for r in ranks):
-            out: dict[str, list[int]] = {}
-            for r in ranks:
-                out.setdefault(str(r.node_id), []).append(int(r.gpu))  # type: ignore[arg-type]
-            return out
-        attempt = next((a for a in self.store.list_attempts(job.id)
-                        if a.number == job.current_attempt), None)
-        return reserved_gpus([attempt.placement or {}]) if attempt else {}
+    # -- the cluster now ------------------------------------------------------------------
+    def snapshot(self) -> ClusterSnapshot:
+        holds = [h for _, held in gpu_holds(self.store) for h in held]
+        ray_nodes = read_ray_nodes()
+        return build_snapshot(ray_nodes=ray_nodes, topology=self._topology(ray_nodes),
+                              busy=busy_gpus(holds))
 
     # -- one pass -----------------------------------------------------------------------------
     def tick(self) -> list[str]:
@@ -88,7 +69,7 @@ class Scheduler:
         queued = self.store.queued_jobs()
         if not queued:
             return []
-        inv = self.inventory()
+        snap = self.snapshot()
         placed = []
         for job in queued:
             try:
@@ -97,71 +78,61 @@ class Scheduler:
                 self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
                                       message=f"stored spec is invalid: {exc}")
                 continue
-            decision = plan_job(spec, inv, avoid=self._avoid(job), figures=self._figures())
+            decision = plan_job(spec, snap, avoid=self._avoid(job), figures=self._figures())
             if isinstance(decision, Pending):
                 self._set_pending(job, decision)
                 continue
             self.launching.add(job.id)
             try:
-                self._launch(job, spec, decision, inv)
+                self._launch(job, spec, decision, snap)
             except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
                 log.exception("launching %s failed", job.id)
                 continue
             finally:
                 self.launching.discard(job.id)
             placed.append(job.id)
-            inv = inv.reserve(gpus=decision.gpus_by_node(), cpus=decision.cpus_by_node())
+            snap = snap.reserve(gpus=decision.gpus_by_node(), cpus=decision.cpus_by_node())
         return placed
 
     def _avoid(self, job: JobRecord) -> set[str]:
+        """Nodes the job's next attempt avoids (`policy.avoid_nodes` over its failures)."""
         if job.current_attempt < 1:
             return set()
-        events = [e for e in self.store.list_events(job.id) if e.kind == "error"]
-        # The hang watchdog names a suspect node at once (COMM_WEDGED with hardware evidence).
-        suspects = {n for e in events for n in e.data.get("avoid_nodes", [])}
-        if job.current_attempt < 2:
-            return suspects
-        per_attempt = [e.data.get("failed_nodes", []) for e in events if "failed_nodes" in e.data]
-        return nodes_failed_twice(per_attempt) | suspects
+        failures = [AttemptFailure.from_event_data(e.data)
+                    for e in self.store.list_events(job.id) if e.kind == "error"]
+        return avoid_nodes(current_attempt=job.current_attempt, failures=failures)
 
     def _set_pending(self, job: JobRecord, pending: Pending) -> None:
         reason = pending.to_dict()
         if job.pending_reason != reason:
             self.store.set_pending_reason(job.id, reason)
 
-    def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan, inv: Inventory) -> None:
+    def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
+                snap: ClusterSnapshot) -> None:
         number = job.current_attempt + 1
         name = pg_name(job.id, number)
         self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND,
                               message=plan.summary, data={"attempt": number, "pg": name})
-        placement = dict(plan.to_dict(), pg_name=name)
-        attempt = self.store.start_attempt(job.id, placement=placement)
+        attempt = self.store.start_attempt(job.id, placement=dict(plan.to_dict(), pg_name=name))
         assert attempt.number == number, (attempt.number, number)
         placement_group(
-            [b["resources"] for b in plan.bundles],
-            bundle_label_selector=[{"ray.io/node-id": b["node_id"]} for b in plan.bundles],
+            [b.resources for b in plan.bundles],
+            bundle_label_selector=[{"ray.io/node-id": str(b.node_id)} for b in plan.bundles],
             name=name, lifetime="detached")
-        launch_controller(self._config(job, spec, plan, number, inv),
+        launch_controller(self._config(job, spec, plan, number, snap),
                           near_node_id=self.near_node_id)
         log.info("job %s attempt %d: %s", job.id, number, plan.summary)
 
     def _config(self, job: JobRecord, spec: JobSpec, plan: GangPlan, number: int,
-                inv: Inventory) -> dict[str, Any]:
+                snap: ClusterSnapshot) -> AttemptConfig:
         cluster = None
-        if plan.device == "gpu":
-            from orchestrator.topology.declared import cluster_to_dict
-
-            used = {b["node"] for b in plan.bundles}
-            cluster = cluster_to_dict(ClusterTopology(
-                levels=inv.cluster.levels,
-                nodes=tuple(n for n in inv.cluster.nodes if n.name in used)))
-        return {
-            "job_id": job.id, "attempt": number, "spec": job.spec, "pg_name": pg_name(job.id,
-                                                                                    number),
-            "bundles": [dict(b) for b in plan.bundles],
-            "run_dir": str(self.runs_dir / job.id),
-            "placement_timeout_s": spec.placement.timeout_s,
-            "init_timeout_s": min(spec.fault_tolerance.init_timeout_s, 600.0),
-            "train_fn": self.train_fn, "extra_env": self.extra_env, "cluster": cluster,
-            "use_pool": self.use_pool,
-        }
+        if plan.device == PlanDevice.GPU:
+            used = {b.node for b in plan.bundles}
+            cluster = ClusterTopology(levels=snap.cluster.levels,
+                                      nodes=tuple(n for n in snap.cluster.nodes if n.name in used))
+        return AttemptConfig(
+            job_id=job.id, attempt=number, spec=spec, bundles=plan.bundles,
+            run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,
+            init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
+            train_fn=self.train_fn, extra_env=self.extra_env, cluster=cluster,
+            use_pool=self.use_pool)

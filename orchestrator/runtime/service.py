@@ -4,8 +4,9 @@
 `start()` / `stop()`. Embedded default: without `settings.ray_address` it starts a local Ray
 bound to 127.0.0.1 (and stops it on exit); with one, it joins that cluster and leaves it up.
 
-Start order: connect → register nodes + topology → reconcile (reattach to live controllers by
-name — the poller does that on its first pass — and sweep orphans) → scheduler and poller
+Start order: connect -> register nodes + topology (the declared file, else discovered on the
+GPU nodes: orchestrator/runtime/nodes.py) -> reconcile (reattach to live controllers by name
+-- the poller does that on its first pass -- and sweep orphans) -> scheduler and poller
 threads. Stop order: threads, then Ray (only if this process started it). Controllers are
 detached: they keep training while the control plane is down and are picked up again.
 
@@ -16,27 +17,37 @@ Warm pool (orchestrator/runtime/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WA
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import ray
+
+from orchestrator.placement.links import LinkFigures
+from orchestrator.planner.calibration.figures import load_figures
+from orchestrator.planner.calibration.figures import path_in as calibration_path
+from orchestrator.runtime.events import NAMESPACE
+from orchestrator.runtime.nodes import TopologySource, register_nodes
+from orchestrator.runtime.poller import Poller, sweep_orphans
+from orchestrator.runtime.pool import ensure_pool, find_pool
+from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.settings import Settings
+from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
-from orchestrator.topology.model import ClusterTopology
 
 log = logging.getLogger("meshyard.runtime")
-NAMESPACE = "meshyard"
+_SWEEP_EVERY_S = 30.0
 
 
 def connect_ray(address: str | None) -> bool:
-    """Connects this process to Ray; returns True when it started a local cluster."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
+    """Connects this process to Ray; returns True when it started a local cluster.
 
+    A local Ray binds 127.0.0.1 when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was in the
+    environment before ray was first imported (`meshyard serve` sets it for the embedded
+    default; Ray reads it once)."""
     if ray.is_initialized():
         return False
     # ray.init replaces the SIGTERM handler with one that raises SystemExit wherever the main
@@ -89,54 +100,46 @@ class _Loop:
 
 
 class Runtime:
+    """`train_fn`, `extra_env` and `discovery` (topology discovery options) are hooks for
+    tests and benchmarks; `meshyard serve` leaves them unset."""
+
     def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.25,
                  train_fn: str | None = None, extra_env: dict[str, str] | None = None,
-                 warm_pool: int = 0) -> None:
+                 warm_pool: int = 0, discovery: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
-        self.warm_pool = warm_pool  # warm worker actors per CPU node (orchestrator/runtime/pool.py)
+        self.warm_pool = warm_pool  # warm worker actors per CPU node (runtime/pool.py)
         self.store = store
         self.tick_s = tick_s
         self.train_fn = train_fn
         self.extra_env = extra_env
         self.owns_ray = False
-        self._declared: ClusterTopology | None = None
-        self._declared_loaded = False
+        self.topology = TopologySource(cluster_file=settings.cluster_file, discovery=discovery)
         self._loops: list[_Loop] = []
         self._last_sweep = 0.0
-        self.scheduler: Any = None
-        self.poller: Any = None
-        self.elector: Any = None
-        self._launching: set[str] = set()
+        self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
+        self.scheduler: Scheduler | None = None
+        self.poller = Poller(self.store, launching=self._launching)
+        self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
-    def _link_figures(self) -> Any:
+    def _link_figures(self) -> LinkFigures | None:
         """Calibrated link figures (`meshyard calibrate` writes them into the data dir)."""
         return _calibrated_figures(Path(self.settings.data_dir))
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        import ray
-
-        from orchestrator.runtime.poller import Poller
-        from orchestrator.runtime.scheduler import Scheduler
-
         t0 = time.perf_counter()
         self.owns_ray = connect_ray(self.settings.ray_address)
         runs = Path(self.settings.runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)
-        launching: set[str] = set()
-        self._launching = launching
-        self.scheduler = Scheduler(store=self.store, runs_dir=runs, declared=self.declared,
+        self.scheduler = Scheduler(store=self.store, runs_dir=runs, topology=self.topology.current,
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
-                                   launching=launching, use_pool=self.warm_pool > 0,
+                                   launching=self._launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures)
         if self.warm_pool > 0:
-            from orchestrator.runtime.pool import ensure_pool
-
             ensure_pool(self.warm_pool)
-        self.poller = Poller(self.store, launching=launching)
-        # One active scheduler per database (orchestrator/store/leader.py): only the lock holder
+        # One active scheduler per database (orchestrator/store/leader.py): the lock holder
         # schedules and polls; a standby serves the API's reads and takes over when it dies.
         self.elector = self._make_elector()
         if self.elector is not None:
@@ -161,15 +164,11 @@ class Runtime:
             self.elector.stop()  # releases the lock: a standby takes over on its next retry
             self.elector = None
         if self.owns_ray:
-            import ray
-
             ray.shutdown()
             self.owns_ray = False
 
     # -- leadership -----------------------------------------------------------------------
-    def _make_elector(self) -> Any:
-        from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
-
+    def _make_elector(self) -> LeaderElector | None:
         url = self.store.engine.url.render_as_string(hide_password=False)
         if not is_shared_database(url):
             return None
@@ -183,8 +182,6 @@ class Runtime:
     def _reconcile(self) -> None:
         """On becoming leader: a fresh poller reattaches to live controllers by name and
         replays from the stored cursors; orphans are swept; nodes are registered."""
-        from orchestrator.runtime.poller import Poller, sweep_orphans
-
         self._elected.clear()
         self.poller = Poller(self.store, launching=self._launching)
         self.register_nodes()
@@ -193,61 +190,33 @@ class Runtime:
         self._last_sweep = time.monotonic()
 
     def _schedule_pass(self) -> None:
-        if self.is_leader and not self._elected.is_set():
+        if self.scheduler is not None and self.is_leader and not self._elected.is_set():
             self.scheduler.tick()
 
     def _poll_pass(self) -> None:
-        from orchestrator.runtime.poller import sweep_orphans
-
         if not self.is_leader:
             return
         if self._elected.is_set():  # took over from another process: reconcile first
             self._reconcile()
             return
         self.poller.tick()
-        if time.monotonic() - self._last_sweep > 30:
+        if time.monotonic() - self._last_sweep > _SWEEP_EVERY_S:
             self._last_sweep = time.monotonic()
-            sweep_orphans(self.store, launching=self.poller.launching)
+            sweep_orphans(self.store, launching=self._launching)
             self.register_nodes()
 
-    # -- topology -------------------------------------------------------------------------
-    def declared(self) -> ClusterTopology | None:
-        if not self._declared_loaded:
-            self._declared_loaded = True
-            if self.settings.cluster_file:
-                from orchestrator.topology.declared import load_cluster_file
-
-                self._declared = load_cluster_file(self.settings.cluster_file)
-        return self._declared
-
+    # -- nodes ----------------------------------------------------------------------------
     def register_nodes(self) -> None:
         """Writes Ray's live nodes joined with their topology into the store (GET /v1/cluster)."""
-        import ray
-
-        from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
-        from orchestrator.topology.serialize import node_topology_to_dict
-
-        rn = read_ray_nodes(ray)
-        inv = build_inventory(ray_nodes=rn, declared=self.declared())
-        for node, ray_node in zip(inv.cluster.nodes, rn, strict=True):
-            self.store.upsert_node(name=node.name, node_id=node.node_id, alive=True,
-                                   labels=dict(node.labels), gpus=len(node.topology.gpus),
-                                   cpus=ray_node.cpus,
-                                   topology=node_topology_to_dict(node.topology))
-        self.store.mark_nodes_dead(except_names={n.name for n in inv.cluster.nodes})
+        register_nodes(self.store, self.topology)
 
     def poke(self) -> None:
         """Runs the loops now (tests; a submit could call it to shave the tick)."""
         for loop in self._loops:
             loop.poke()
 
-
     def wait_for_pool(self, *, timeout_s: float = 120.0) -> dict[str, int]:
         """Blocks until the warm pool holds `warm_pool` ready actors on every CPU node."""
-        import ray
-
-        from orchestrator.runtime.pool import find_pool
-
         deadline = time.monotonic() + timeout_s
         ready: dict[str, int] = {}
         while time.monotonic() < deadline:
@@ -259,13 +228,11 @@ class Runtime:
         raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")
 
 
-def _calibrated_figures(data_dir: Path) -> Any:
-    from orchestrator.planner.calibration.figures import load_figures
-
+def _calibrated_figures(data_dir: Path) -> LinkFigures | None:
     try:
         return load_figures(data_dir)
     except (OSError, ValueError) as exc:  # a damaged calibration file must not stop placing
-        log.warning("ignoring calibration in %s: %s", data_dir, exc)
+        log.warning("ignoring calibration %s: %s", calibration_path(data_dir), exc)
         return None
 
 

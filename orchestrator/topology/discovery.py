@@ -1,11 +1,10 @@
-"""Discover the local node's topology, and every Ray node's through a pinned task.
+"""Discover the local node's topology, and build the cluster's from every node's answer.
 
 discover_local_node() combines `nvidia-smi topo -m`, NVML (when nvidia-ml-py is installed)
 and sysfs InfiniBand. A tool that is missing or fails is recorded in `errors`, never raised:
-a CPU-only node comes back with 0 GPUs. discover_cluster(ray) runs it once on every alive
-Ray node (NodeAffinitySchedulingStrategy, soft=False) and returns plain dicts keyed by node
-id; cluster_from_discovery() turns those plus the nodes' Ray labels into a ClusterTopology.
-Ray is only ever the module passed in: this file imports nothing heavy.
+a CPU-only node comes back with 0 GPUs. The runtime runs it once on every GPU node from a
+pinned Ray task (orchestrator/runtime/nodes.py) and cluster_from_discovery() turns the
+answers plus the nodes' Ray labels into a ClusterTopology. Pure module.
 """
 
 from __future__ import annotations
@@ -135,48 +134,6 @@ def discover_local_node(*, nvidia_smi: str | None = "nvidia-smi", nvml_module: A
     labels = {NVLINK_DOMAIN_LEVEL: domain} if domain else {}
     return LocalDiscovery(hostname=hostname or socket.gethostname(), topology=topo,
                           sources=tuple(sources), errors=tuple(errors), labels=labels)
-
-
-def _discovery_task(options: dict[str, Any]) -> dict[str, Any]:
-    """Runs on the pinned node; returns a plain dict (mappingproxy values do not pickle)."""
-    import ray  # inside a Ray worker, where it is always importable
-
-    out = discover_local_node(**options).to_dict()
-    out["node_id"] = ray.get_runtime_context().get_node_id()
-    return out
-
-
-def discover_cluster(ray_module: Any, *, timeout_s: float = 60.0,
-                     options: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Run discovery on every alive Ray node, pinned with a hard node-affinity strategy.
-
-    Returns {node_id: LocalDiscovery.to_dict() + {"node_id": ...}}; a node that does not
-    answer within `timeout_s` gets {"node_id": ..., "error": "..."} instead.
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    ray = ray_module
-    task = ray.remote(num_cpus=0, max_retries=0)(_discovery_task)
-    refs = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        nid = node["NodeID"]
-        strategy = NodeAffinitySchedulingStrategy(node_id=nid, soft=False)
-        refs[nid] = task.options(scheduling_strategy=strategy).remote(dict(options or {}))
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    done = set(ready)
-    results: dict[str, dict[str, Any]] = {}
-    for nid, ref in refs.items():
-        if ref not in done:
-            ray.cancel(ref, force=True)
-            results[nid] = {"node_id": nid, "error": f"no answer within {timeout_s:g}s"}
-            continue
-        try:
-            results[nid] = ray.get(ref)
-        except Exception as exc:  # the task itself failed on that node
-            results[nid] = {"node_id": nid, "error": f"{type(exc).__name__}: {exc}"}
-    return results
 
 
 def _node_topology(found: Mapping[str, Any] | None, ray_gpus: int) -> NodeTopology:

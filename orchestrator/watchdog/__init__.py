@@ -6,14 +6,15 @@ Flow (the controller drives it; everything here is pure and never acts):
    step_times=[...])` -> StallDecision (stalled / dead / silent ranks); straggler scores from
    time-to-enter with `detect.straggler_scores` + `detect.find_stragglers`.
 2. On a decision that needs diagnosis, each living rank runs
-   `workers.diagnostics.collect_evidence(run_dir, rank, stamp=...)` on a side thread and returns
-   a JSON-able summary; dead ranks are evidence too (`read_announcement`, exit code).
+   `workers.evidence.collect_evidence(run_dir, rank, stamp=...)` on a side thread and returns
+   a JSON-able summary; dead ranks are evidence too (`evidence_files.read_announcement`,
+   exit code). `evidence_files` is the on-disk layout both sides share.
 3. `inputs.RankEvidence.from_summary(summary, alive=...)` per rank ->
    `inputs.AnalysisInput(ranks=..., world_size=..., pg_members=..., pg_names=...,
    locations={rank: report.RankLocation(...)}, trigger="stall"|"straggler")`.
 4. `analyze.analyze(input)` -> `report.DiagnosisReport` (to_dict / to_json / to_markdown).
 
-In the runtime, `orchestrator.runtime.hangwatch.HangWatch` (called from the attempt
+In the runtime, `orchestrator.runtime.hangwatch.AttemptWatchdog` (called from the attempt
 controller's loop) drives this with `monitor.HangMonitor` (stall / silent detection once per
 episode, straggler probes, the spec's action); the poller stores each report.
 

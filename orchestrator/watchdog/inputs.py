@@ -1,7 +1,7 @@
 """What the analyzer takes: per-rank evidence, world size, group membership, rank locations.
 
 Pure module. `RankEvidence.from_summary()` reads the JSON-able dict that
-`workers.diagnostics.collect_evidence()` returns (plus liveness the controller adds), so the
+`workers.evidence.collect_evidence()` returns (plus liveness the controller adds), so the
 worker side and the analyzer share one format without the analyzer importing torch.
 """
 

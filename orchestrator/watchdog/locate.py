@@ -1,8 +1,8 @@
 """Where each rank runs, in the words of a diagnosis: node, GPU, NVLink domain, switch levels,
 mesh coordinates. Pure module (the topology model is pure too).
 
-Mesh coordinates follow ARCHITECTURE.md: dimension order (pp, dp_replicate, dp_shard, tp),
-row-major, tp fastest. Example: dims {"pp": 2, "dp_shard": 2, "tp": 2}, rank 5 ->
+Mesh coordinates come from `orchestrator.mesh` (dimension order pp, dp_replicate, dp_shard,
+tp, row-major, tp fastest). Example: dims {"pp": 2, "dp_shard": 2, "tp": 2}, rank 5 ->
 {"pp": 1, "dp_shard": 0, "tp": 1}.
 """
 
@@ -10,22 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.mesh import MeshShape
 from orchestrator.topology.model import NVLINK_DOMAIN_LEVEL, ClusterTopology
 from orchestrator.watchdog.report import RankLocation
 
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "tp")
-
 
 def mesh_coords(rank: int, dims: Mapping[str, int]) -> dict[str, int]:
-    """Row-major coordinates over MESH_ORDER (unknown dims last); size-1 dims are left out."""
-    order = [d for d in MESH_ORDER if d in dims] + [d for d in dims if d not in MESH_ORDER]
-    coords: dict[str, int] = {}
-    rest = rank
-    for d in reversed(order):
-        size = max(1, int(dims[d]))
-        coords[d] = rest % size
-        rest //= size
-    return {d: coords[d] for d in order if int(dims[d]) > 1}
+    """The rank's coordinates along the dimensions of size > 1 (the ones a reader cares
+    about); `dims` holds some of pp, dp_replicate, dp_shard, tp (missing ones are 1)."""
+    if not dims:
+        return {}
+    shape = MeshShape.from_degrees(dims)
+    return {d: c for d, c in shape.coords(rank).items() if getattr(shape, d) > 1}
 
 
 def _labels(topology: ClusterTopology | None, node: str, gpu: int | None) -> dict[str, str]:

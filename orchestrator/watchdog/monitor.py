@@ -12,7 +12,8 @@ The controller feeds it what it already drains from the workers every tick (metr
   (trigger "straggler") -- step times even out under all-reduce, enter times do not.
 * `decide(report)` -> the `Action` for a report under the spec's `watchdog.action`.
 
-It never touches Ray or the workers: the controller (orchestrator/runtime/hangwatch.py) acts.
+It never touches Ray or the workers: the attempt's watchdog in the controller
+(orchestrator/runtime/hangwatch.py) acts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.lifecycle import Reason
+from orchestrator.spec import Watchdog, WatchdogAction
 from orchestrator.watchdog.analyze import analyze
 from orchestrator.watchdog.detect import (
     RankProgress,
@@ -57,8 +60,8 @@ class Action:
     attempt as a failure, the control plane restarts from the checkpoint) or "fail" (end the
     job with HANG_DETECTED). `avoid_nodes` are placed nowhere in the next attempt."""
 
-    kind: str
-    reason: str = "HANG_DETECTED"
+    kind: WatchdogAction
+    reason: Reason = Reason.HANG_DETECTED
     message: str = ""
     avoid_nodes: tuple[str, ...] = ()
 
@@ -78,7 +81,7 @@ class HangMonitor:
     world_size: int
     started_s: float
     policy: StallPolicy = field(default_factory=StallPolicy)
-    action: str = "observe"
+    action: WatchdogAction = WatchdogAction.OBSERVE
     probe_interval_s: float = 5.0
     # Stricter than the analyzer's default: a straggler report on a healthy job is noise.
     straggler: StragglerPolicy = field(default_factory=lambda: StragglerPolicy(
@@ -92,12 +95,11 @@ class HangMonitor:
     _straggler_reported: set[tuple[int, ...]] = field(default_factory=set)
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], *, world_size: int, now_s: float,
+    def from_spec(cls, watchdog: Watchdog, *, world_size: int, now_s: float,
                   probe_interval_s: float = 5.0) -> HangMonitor:
-        """`spec` is the job spec as a dict; its `watchdog` block picks the policy: a fixed
-        `stall_timeout_s` turns the adaptive part off."""
-        wd = dict(spec.get("watchdog") or {})
-        stall, first = wd.get("stall_timeout_s"), wd.get("first_step_timeout_s")
+        """The job spec's `watchdog` block picks the policy: a fixed `stall_timeout_s` turns
+        the adaptive part off."""
+        stall, first = watchdog.stall_timeout_s, watchdog.first_step_timeout_s
         if stall:
             # Heartbeats come every second but a loaded host delays them by seconds: a silent
             # rank is one quiet for the stall threshold and at least 15 s.
@@ -106,7 +108,7 @@ class HangMonitor:
         else:
             policy = StallPolicy() if not first else StallPolicy(first_step_timeout_s=float(first))
         return cls(world_size=world_size, started_s=now_s, policy=policy,
-                   action=str(wd.get("action") or "observe"), probe_interval_s=probe_interval_s)
+                   action=watchdog.action, probe_interval_s=probe_interval_s)
 
     # -- inputs -----------------------------------------------------------------------------
     def observe(self, *, now_s: float, metrics: Sequence[Mapping[str, Any]] = (),
@@ -216,10 +218,10 @@ class HangMonitor:
     def decide(self, report: DiagnosisReport, *,
                rank_nodes: Mapping[int, str | None] | None = None) -> Action:
         """Observe records; restart / fail end the attempt. A straggler is never a hang."""
-        if report.verdict is Verdict.STRAGGLER or self.action not in ("restart", "fail"):
-            return Action("observe", message=report.summary)
+        if report.verdict is Verdict.STRAGGLER or self.action == WatchdogAction.OBSERVE:
+            return Action(WatchdogAction.OBSERVE, message=report.summary)
         avoid: tuple[str, ...] = ()
-        if report.verdict is Verdict.COMM_WEDGED and self.action == "restart":
+        if report.verdict is Verdict.COMM_WEDGED and self.action == WatchdogAction.RESTART:
             avoid = suspect_nodes(report, rank_nodes or {})
         return Action(self.action, message=report.summary, avoid_nodes=avoid)
 

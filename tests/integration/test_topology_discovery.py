@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from orchestrator.topology.discovery import cluster_from_discovery, discover_cluster
+from orchestrator.topology.discovery import cluster_from_discovery
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,9 @@ def test_discovery_task_runs_on_every_node(two_node_cluster):
     ray, _ = two_node_cluster
     nodes = [n for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 2
-    results = discover_cluster(ray, timeout_s=60,
+    from orchestrator.runtime.nodes import discover_cluster
+
+    results = discover_cluster(timeout_s=60,
                                options={"nvidia_smi": "nvidia-smi", "ib_root": None})
     assert set(results) == {n["NodeID"] for n in nodes}
     for nid, res in results.items():

@@ -11,17 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from orchestrator.placement.links import LinkModel
-from orchestrator.placement.snapshot import build_inventory, read_ray_nodes
+from orchestrator.placement.snapshot import build_snapshot
 from orchestrator.planner.calibration.figures import load, load_figures
 from orchestrator.planner.calibration.fit import bus_factor
 from orchestrator.planner.calibration.probes import Probe
 from orchestrator.runtime.calibrate import CalibrationError, _run_probe
+from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.topology.declared import load_cluster_file
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,7 +101,7 @@ def test_calibrate_every_level_on_ray_then_the_cost_model_uses_it(
 def test_a_probe_ray_cannot_place_fails_naming_it_and_cleans_up(
         tmp_path: Path, ray_cluster: Cluster) -> None:
     before = set(_live_pgs())
-    inv = build_inventory(ray_nodes=read_ray_nodes(ray), declared=None)
+    inv = build_snapshot(ray_nodes=read_ray_nodes(), topology=None)
     # c1 has no GPU: a GPU bundle pinned there can never be reserved.
     probe = Probe("node", 0, ("c1", "c1"), gpu=True)
     with pytest.raises(CalibrationError, match=r"probe node on c1: Ray could not reserve 2 x"):

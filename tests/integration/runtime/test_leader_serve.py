@@ -21,7 +21,7 @@ import ray  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 
 from api.client import MeshyardClient  # noqa: E402
-from orchestrator.runtime.controller import pg_name  # noqa: E402
+from orchestrator.runtime.events import pg_name  # noqa: E402
 from orchestrator.store.leader import current_leader  # noqa: E402
 from tests.integration.runtime.conftest import (  # noqa: E402
     serve_url,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.lifecycle import JobState, Reason
 from orchestrator.placement.gang_plan import Pending, plan_job
+from orchestrator.placement.snapshot import build_snapshot
 from orchestrator.runtime.poller import Poller
 from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.spec import parse_spec
@@ -23,10 +24,8 @@ def _fail_attempt(store, poller: Poller, job_id: str, nodes: list[str]) -> None:
 
 
 def test_a_node_that_failed_twice_is_avoided_and_failures_end_in_max_failures(store, tmp_path):
-    from orchestrator.placement.snapshot import build_inventory
-
     job_id = submit(store, tiny_spec("flaky-node", fault_tolerance={"max_failures": 2}))
-    sched = Scheduler(store=store, runs_dir=Path(tmp_path), declared=lambda: DECLARED)
+    sched = Scheduler(store=store, runs_dir=Path(tmp_path), topology=lambda nodes: DECLARED)
     poller = Poller(store)
 
     _fail_attempt(store, poller, job_id, ["n1"])
@@ -39,13 +38,13 @@ def test_a_node_that_failed_twice_is_avoided_and_failures_end_in_max_failures(st
     assert sched._avoid(job) == {"n1"}
 
     # The plan for the next attempt leaves n1 out even though it is the tighter fit.
-    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
-                                     _ray("n2", gpus=4, free_gpus=4)], declared=DECLARED)
+    inv = build_snapshot(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
+                                     _ray("n2", gpus=4, free_gpus=4)], topology=DECLARED)
     spec = parse_spec(job.spec)
-    assert {b["node"] for b in plan_job(spec, inv).bundles} == {"n1"}  # type: ignore[union-attr]
+    assert {b.node for b in plan_job(spec, inv).bundles} == {"n1"}  # type: ignore[union-attr]
     plan = plan_job(spec, inv, avoid=sched._avoid(job))
-    assert {b["node"] for b in plan.bundles} == {"n2"}  # type: ignore[union-attr]
-    only_n1 = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=4)], declared=DECLARED)
+    assert {b.node for b in plan.bundles} == {"n2"}  # type: ignore[union-attr]
+    only_n1 = build_snapshot(ray_nodes=[_ray("n1", gpus=4, free_gpus=4)], topology=DECLARED)
     assert isinstance(plan_job(spec, only_n1, avoid={"n1"}), Pending)
 
     _fail_attempt(store, poller, job_id, ["n2"])

@@ -2,7 +2,7 @@
 
 Each rank is a spawned process: gloo process group on 127.0.0.1, Flight Recorder on, three
 healthy all_reduces, then the scenario. A timer thread in every process calls
-`workers.diagnostics.collect_evidence()` while the main thread is blocked (the stand-in for
+`workers.evidence.collect_evidence()` while the main thread is blocked (the stand-in for
 the controller's diagnostics call after its stall threshold), then ends the process. The
 parent reads the summaries, treats ranks that never answered as dead (with their exit code and
 last announcement), and runs the pure analyzer.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,16 +23,11 @@ import torch.multiprocessing as mp
 from orchestrator.watchdog.analyze import analyze
 from orchestrator.watchdog.inputs import AnalysisInput, analysis_input
 from orchestrator.watchdog.report import DiagnosisReport
+from workers.env import free_port
 
 STAMP = "round1"
 COLLECTIVE_TIMEOUT_S = 20  # longer than collection, so evidence is taken while blocked
 WARMUP = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def blocked_in_user_code(seconds: float) -> None:
@@ -46,7 +40,7 @@ def blocked_in_user_code(seconds: float) -> None:
 def _start_collector(run_dir: str, rank: int, after_s: float) -> None:
     import threading
 
-    from workers.diagnostics import collect_evidence
+    from workers.evidence import collect_evidence
 
     def run() -> None:
         time.sleep(after_s)
@@ -66,7 +60,7 @@ def rank_main(rank: int, world: int, port: int, scenario: str, culprit: int, run
     import torch
     import torch.distributed as dist
 
-    from workers.diagnostics import announce_collective, collect_evidence
+    from workers.evidence import announce_collective, collect_evidence
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
@@ -209,7 +203,7 @@ def evidence_from_run(run_dir: Path, *, world: int, summaries: dict[int, dict[st
                       exit_codes: dict[int, int | None], trigger: str) -> AnalysisInput:
     """What the controller does: answered ranks are alive; the others are dead, with their
     exit code and the op they announced before dying."""
-    from workers.diagnostics import read_announcement
+    from orchestrator.watchdog.evidence_files import read_announcement
 
     dead = {r: f"exit code {exit_codes.get(r)}" for r in range(world) if r not in summaries}
     anns = {r: a for r in dead if (a := read_announcement(run_dir, r)) is not None}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from workers.env import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "tiny"
@@ -19,12 +20,6 @@ FIXTURES = REPO / "tests" / "fixtures" / "workers"
 # missing stage in the grad-norm moves the loss by 1e-3 or more within a few steps).
 LOSS_ATOL = 2e-5
 GRAD_NORM_RTOL = 1e-4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:

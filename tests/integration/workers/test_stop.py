@@ -9,7 +9,6 @@ into step 5's collectives alone. The stop also saves a checkpoint at step 4.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.integration.workers.launch_helpers import TINY
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from workers.env import free_port
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -61,7 +55,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 
 def test_stop_on_one_rank_stops_all_after_the_same_step(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         assert r["stopped"] is True

@@ -1,7 +1,8 @@
-"""Planning against an inventory built from Ray-like node records and a declared topology."""
+"""Planning against a cluster snapshot built from Ray-like node records and a declared topology."""
 
 from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job
-from orchestrator.placement.snapshot import RayNode, build_inventory, reserved_gpus
+from orchestrator.placement.holds import busy_gpus, planned_holds
+from orchestrator.placement.snapshot import RayNode, build_snapshot
 from orchestrator.spec import parse_spec
 from orchestrator.topology.declared import parse_cluster_doc
 
@@ -21,9 +22,9 @@ def _spec(**parallelism: int) -> object:
 
 
 def test_inventory_joins_by_node_label_and_pads_busy_gpus_from_ray_counts():
-    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=1), _ray("n2", gpus=4,
+    inv = build_snapshot(ray_nodes=[_ray("n1", gpus=4, free_gpus=1), _ray("n2", gpus=4,
                                                                             free_gpus=4)],
-                          declared=DECLARED, busy={"id-n1": [0]})
+                          topology=DECLARED, busy={"id-n1": [0]})
     n1 = inv.cluster.node("n1")
     assert n1.node_id == "id-n1" and n1.labels["leaf"] == "l0"
     assert n1.busy_gpus == {0, 3, 2}  # ours (0) plus two more Ray says are in use
@@ -31,19 +32,21 @@ def test_inventory_joins_by_node_label_and_pads_busy_gpus_from_ray_counts():
 
 
 def test_gpu_plan_pins_every_rank_to_a_ray_node():
-    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=4),
-                                     _ray("n2", gpus=4, free_gpus=4)], declared=DECLARED)
+    inv = build_snapshot(ray_nodes=[_ray("n1", gpus=4, free_gpus=4),
+                                     _ray("n2", gpus=4, free_gpus=4)], topology=DECLARED)
     plan = plan_job(_spec(tp=4, dp_replicate=2), inv)
     assert isinstance(plan, GangPlan) and plan.device == "gpu"
-    assert [b["rank"] for b in plan.bundles] == list(range(8))
-    assert {b["node_id"] for b in plan.bundles[:4]} != {b["node_id"] for b in plan.bundles[4:]}
-    assert all(b["resources"] == {"GPU": 1, "CPU": 0.5} for b in plan.bundles)
-    assert reserved_gpus([plan.to_dict()]) == {"id-n1": [0, 1, 2, 3], "id-n2": [0, 1, 2, 3]}
+    assert [b.rank for b in plan.bundles] == list(range(8))
+    assert {b.node_id for b in plan.bundles[:4]} != {b.node_id for b in plan.bundles[4:]}
+    assert all(b.resources == {"GPU": 1, "CPU": 0.5} for b in plan.bundles)
+    by_id = {k: v for k, v in busy_gpus(planned_holds("j", plan.to_dict())).items()
+             if k.startswith("id-")}
+    assert by_id == {"id-n1": [0, 1, 2, 3], "id-n2": [0, 1, 2, 3]}
 
 
 def test_pending_kinds_infeasible_waiting_fragmented():
-    inv = build_inventory(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
-                                     _ray("n2", gpus=4, free_gpus=2)], declared=DECLARED)
+    inv = build_snapshot(ray_nodes=[_ray("n1", gpus=4, free_gpus=2),
+                                     _ray("n2", gpus=4, free_gpus=2)], topology=DECLARED)
     never = plan_job(_spec(dp_replicate=16), inv)
     assert isinstance(never, Pending) and never.kind == "infeasible"
     assert never.to_dict()["needed_gpus"] == 16 and never.to_dict()["total_gpus"] == 8
@@ -58,9 +61,9 @@ def test_pending_kinds_infeasible_waiting_fragmented():
 def test_cpu_jobs_pack_consecutive_ranks_on_the_roomiest_node():
     nodes = [_ray("a", gpus=0, free_gpus=0, cpus=2, free_cpus=2),
              _ray("b", gpus=0, free_gpus=0, cpus=4, free_cpus=3)]
-    inv = build_inventory(ray_nodes=nodes, declared=None)
+    inv = build_snapshot(ray_nodes=nodes, topology=None)
     plan = plan_job(_spec(dp_replicate=8), inv)
     assert isinstance(plan, GangPlan) and plan.device == "cpu"
-    assert [b["node"] for b in plan.bundles] == ["b"] * 6 + ["a"] * 2
+    assert [b.node for b in plan.bundles] == ["b"] * 6 + ["a"] * 2
     assert plan_job(_spec(dp_replicate=13), inv).kind == "infeasible"  # type: ignore[union-attr]
     assert plan_job(_spec(dp_replicate=11), inv).kind == "waiting"  # type: ignore[union-attr]

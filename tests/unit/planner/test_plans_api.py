@@ -10,8 +10,10 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.server import prepare
+from orchestrator.lifecycle import JobState, Reason
 from orchestrator.planner.calibration.figures import save
 from orchestrator.settings import Settings
+from orchestrator.spec import parse_spec
 from orchestrator.store.repo import Store
 from orchestrator.topology.model import NodeTopology
 from orchestrator.topology.serialize import node_topology_to_dict
@@ -68,6 +70,24 @@ def test_plans_endpoint_what_if_cluster_and_errors(env) -> None:
     many = client.post("/v1/plans", json={"model": "gpt2", "global_batch": 8, "gpus": 99},
                        headers=auth)
     assert many.status_code == 422 and "16 free" in many.text
+
+
+def test_a_placing_jobs_planned_gpus_are_not_free(env) -> None:
+    # PLACING: the attempt and its plan exist, no rank has reported where it runs yet.
+    client, store, auth, _ = env
+    job, _ = store.submit_job(parse_spec({"name": "placing", "parallelism": {"dp_replicate": 8}}),
+                              owner="admin")
+    store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND)
+    plan = {"device": "gpu", "summary": "", "solver": {}, "bundles": [
+        {"rank": r, "node": "dgx-0", "node_id": "id0", "gpu": r, "coords": {},
+         "resources": {"GPU": 1, "CPU": 1.0}} for r in range(8)]}
+    store.start_attempt(job.id, placement=plan)
+    r = client.post("/v1/plans", json={"model": "gpt2", "global_batch": 64}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["result"]["world_size"] == 8
+    many = client.post("/v1/plans", json={"model": "gpt2", "global_batch": 8, "gpus": 16},
+                       headers=auth)
+    assert many.status_code == 422 and "8 free" in many.text
 
 
 def test_auto_spec_resolves_at_submit_and_records_the_plan(env) -> None:

@@ -1,4 +1,5 @@
-from orchestrator.runtime.failures import group_failures, nodes_failed_twice, normalise, summarise
+from orchestrator.runtime.failures import RankFailure, group_failures, normalise, summarise
+from orchestrator.runtime.policy import nodes_failed_twice
 
 
 def test_normalise_replaces_numbers_ids_and_addresses():
@@ -8,9 +9,9 @@ def test_normalise_replaces_numbers_ids_and_addresses():
 
 
 def test_many_ranks_with_the_same_error_form_one_group_first_failure_first():
-    fs = [{"rank": 7, "node": "n2", "error_type": "WorkerDied", "message": "exit code 43"}]
-    fs += [{"rank": r, "node": f"n{r % 2}", "error_type": "RuntimeError",
-            "message": f"[pair.cc:{500 + r}] Connection closed by peer [10.0.0.{r}]:{4000 + r}"}
+    fs = [RankFailure(rank=7, node="n2", error_type="WorkerDied", message="exit code 43")]
+    fs += [RankFailure(rank=r, node=f"n{r % 2}", error_type="RuntimeError",
+                       message=f"[pair.cc:{500 + r}] Connection closed by peer [10.0.0.{r}]:{4000 + r}")
            for r in range(64) if r != 7]
     groups = group_failures(fs)
     assert [len(g.ranks) for g in groups] == [1, 63]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.spec import Watchdog
 from orchestrator.watchdog.monitor import HangMonitor, suspect_nodes
 from orchestrator.watchdog.report import (
     DiagnosisReport,
@@ -12,7 +13,7 @@ from orchestrator.watchdog.report import (
 
 
 def _mon(**watchdog: object) -> HangMonitor:
-    return HangMonitor.from_spec({"watchdog": watchdog}, world_size=2, now_s=0.0,
+    return HangMonitor.from_spec(Watchdog(**watchdog), world_size=2, now_s=0.0,
                                  probe_interval_s=5.0)
 
 

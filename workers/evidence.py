@@ -1,7 +1,7 @@
 """Evidence collection inside a worker process, from a SIDE thread, while the training thread
 is blocked inside a collective.
 
-What is collected per rank (issue 6 §2):
+What is collected per rank:
 - the Flight Recorder dump: `_dump_nccl_trace` when NCCL is built and in use, else
   `_dump_fr_trace` (gloo), else the dump file NCCL's watchdog wrote
   (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` + rank);
@@ -15,14 +15,13 @@ What is collected per rank (issue 6 §2):
 small file naming the op, sizes and the seq it will get, because gloo SIGABRTs the process on a
 size mismatch and a dead process answers nothing.
 
-Artifacts go under run_dir/diagnostics/<stamp>/rank<N>/; `collect_evidence()` returns the
-JSON-able summary `orchestrator.watchdog.inputs.RankEvidence.from_summary()` reads.
+Artifacts go under run_dir/diagnostics/<stamp>/rank<N>/ (the layout is
+`orchestrator.watchdog.evidence_files`); `collect_evidence()` returns the JSON-able summary
+`orchestrator.watchdog.inputs.RankEvidence.from_summary()` reads.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import pickle
 import shutil
@@ -33,11 +32,17 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from orchestrator.watchdog.evidence_files import (
+    rank_dir,
+    read_announcement,
+    stamp_now,
+    write_announcement,
+    write_json,
+)
 from orchestrator.watchdog.flight_recorder import parse_dump
 from orchestrator.watchdog.logs import parse_lines
 
@@ -314,10 +319,6 @@ def _log_errors(text: str) -> list[str]:
     return [e.describe() for e in parse_lines(text.splitlines()) if e.kind in kinds][-20:]
 
 
-def stamp_now() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-
-
 def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str | None = None,
                      step: int | None = None, phase: str | None = None,
                      log_paths: tuple[str, ...] = (), fr_stack_traces: bool = False
@@ -329,7 +330,7 @@ def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str |
     the training thread). Measured: ~5 ms per rank without FR stack traces.
     """
     t0 = time.time()
-    out_dir = Path(run_dir) / "diagnostics" / (stamp or stamp_now()) / f"rank{rank}"
+    out_dir = rank_dir(run_dir, stamp=stamp or stamp_now(), rank=rank)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                                "time_s": t0, "step": step, "phase": phase, "alive": True,
@@ -345,9 +346,7 @@ def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str |
     summary["collect_s"] = round(time.time() - t0, 3)
     path = out_dir / "summary.json"
     summary["artifacts"].append(str(path))
-    tmp = out_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, default=str))
-    tmp.replace(path)  # atomic: a reader never sees half a summary
+    write_json(path, summary)
     return summary
 
 
@@ -403,30 +402,6 @@ def _collect_logs(out_dir: Path, summary: dict[str, Any], log_paths: tuple[str, 
         summary["log_errors"] = _log_errors(joined)
 
 
-def collect_node_evidence(run_dir: str | os.PathLike[str], *, stamp: str,
-                          node: str | None = None, timeout_s: float = 20.0) -> list[str]:
-    """Once per node: `nvidia-smi -q` when the binary exists (Xid errors, ECC, NVLink state).
-    Returns the artifact paths; nothing when there is no nvidia-smi (CPU nodes)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    out_dir = Path(run_dir) / "diagnostics" / stamp / f"node-{node or socket.gethostname()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        res = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=timeout_s,
-                             check=False)
-        text = res.stdout + res.stderr
-    except (OSError, subprocess.SubprocessError) as ex:
-        text = f"nvidia-smi failed: {ex}"
-    path = out_dir / "nvidia-smi-q.txt"
-    path.write_text(text)
-    return [str(path)]
-
-
-def _live_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / "diagnostics" / "live" / f"rank{rank}"
-
-
 def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
                         tensor: Any = None, group: Any = None, peer: int | None = None
                         ) -> dict[str, Any]:
@@ -450,11 +425,7 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     ann = {"op": op, "pg": pg, "seq": seq if peer is None else None, "is_p2p": peer is not None,
            "peer": peer, "sizes": sizes, "dtypes": dtypes, "source": "announce",
            "time_s": time.time()}
-    d = _live_dir(run_dir, rank)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "pending.json.tmp"
-    tmp.write_text(json.dumps(ann))
-    tmp.replace(d / "pending.json")
+    write_announcement(run_dir, rank, ann)
     return ann
 
 
@@ -484,24 +455,6 @@ def announce_step_collective(op: str, tensor: Any) -> None:
         ann = {"op": op, "pg": "0", "seq": None if gloo else last + 1,
                "op_id": last + 1 if gloo else None, "is_p2p": False, "peer": None,
                "sizes": sizes, "dtypes": dtypes, "source": "announce", "time_s": time.time()}
-        d = _live_dir(run_dir, int(rank))
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / "pending.json.tmp"
-        tmp.write_text(json.dumps(ann))
-        tmp.replace(d / "pending.json")
+        write_announcement(run_dir, int(rank), ann)
     except Exception:  # noqa: BLE001, S110 - evidence is best effort
         pass
-
-
-def clear_announcement(run_dir: str | os.PathLike[str], rank: int) -> None:
-    """Call after the announced op returned, so a stale announcement never misleads."""
-    with contextlib.suppress(OSError):
-        (_live_dir(run_dir, rank) / "pending.json").unlink()
-
-
-def read_announcement(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
-    """The last announcement of a rank (controller side, for ranks that died)."""
-    try:
-        return json.loads((_live_dir(run_dir, rank) / "pending.json").read_text())
-    except (OSError, ValueError):
-        return None

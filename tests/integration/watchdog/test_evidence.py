@@ -1,4 +1,5 @@
-"""Worker-side collection in this process: NCCL_DEBUG_FILE tail, stacks, announcements."""
+"""Evidence collection in this process: NCCL_DEBUG_FILE tail, stacks, announcements (worker
+side), nvidia-smi -q (node side)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime.node_evidence import collect_node_evidence
+from orchestrator.watchdog import evidence_files
 from orchestrator.watchdog.inputs import RankEvidence
-from workers import diagnostics
+from workers import evidence
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
@@ -26,7 +29,7 @@ def test_collect_without_process_group_tails_nccl_debug_file(
     t = threading.Thread(target=stop.wait, name="other-worker", daemon=True)
     t.start()
     try:
-        s = diagnostics.collect_evidence(tmp_path / "run", 3, stamp="s1", step=41, phase="fwd")
+        s = evidence.collect_evidence(tmp_path / "run", 3, stamp="s1", step=41, phase="fwd")
     finally:
         stop.set()
     out = tmp_path / "run" / "diagnostics" / "s1" / "rank3"
@@ -43,18 +46,18 @@ def test_collect_without_process_group_tails_nccl_debug_file(
 def test_announcement_round_trip(tmp_path: Path) -> None:
     import torch
 
-    ann = diagnostics.announce_collective(tmp_path, 2, op="all_reduce",
-                                          tensor=torch.ones(5, 2, dtype=torch.bfloat16))
+    ann = evidence.announce_collective(tmp_path, 2, op="all_reduce",
+                                       tensor=torch.ones(5, 2, dtype=torch.bfloat16))
     assert (ann["sizes"], ann["dtypes"], ann["pg"]) == ([[5, 2]], ["torch.bfloat16"], "0")
-    assert diagnostics.read_announcement(tmp_path, 2) == ann
-    diagnostics.clear_announcement(tmp_path, 2)
-    assert diagnostics.read_announcement(tmp_path, 2) is None
+    assert evidence_files.read_announcement(tmp_path, 2) == ann
+    evidence_files.clear_announcement(tmp_path, 2)
+    assert evidence_files.read_announcement(tmp_path, 2) is None
 
 
 def test_node_evidence_runs_nvidia_smi_when_present(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert diagnostics.collect_node_evidence(tmp_path, stamp="s") == []
+    assert collect_node_evidence(tmp_path, stamp="s") == []
     # A stand-in binary (no GPU on this machine) checks the plumbing, not nvidia-smi itself.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -62,6 +65,6 @@ def test_node_evidence_runs_nvidia_smi_when_present(tmp_path: Path,
     exe.write_text("#!/bin/sh\necho \"GPU 00000000:18:00.0 Xid $1\"\n")
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    (path,) = diagnostics.collect_node_evidence(tmp_path, stamp="s", node="n0")
+    (path,) = collect_node_evidence(tmp_path, stamp="s", node="n0")
     assert path.endswith("node-n0/nvidia-smi-q.txt")
     assert Path(path).read_text().strip() == "GPU 00000000:18:00.0 Xid -q"

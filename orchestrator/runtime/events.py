@@ -1,0 +1,259 @@
+"""The typed protocol between the control plane and an attempt's controller. Pure module.
+
+Scheduler -> controller: one `AttemptConfig` (carries the validated `JobSpec` and the planned
+bundles). Controller -> poller: `PollReply`s holding `ControllerEvent`s in sequence order,
+each with one payload below, plus every rank's latest `RankStatus`.
+
+    Placed            the gang reservation (placement group) is ready
+    WorkersReady      the worker actors exist; ranks computed from where they landed
+    FirstStep         the first training step finished (-> RUNNING)
+    Metrics / Logs    rows and lines drained from the workers
+    Diagnosis         a hang watchdog report
+    WatchdogError     the watchdog itself failed (logged, never fatal)
+    Succeeded | Cancelled | PlacementTimeout | Failed     how the attempt ended (terminal)
+
+The Ray names the two sides find each other by are defined here too, with their parsers.
+
+>>> controller_name("j1", 2), parse_controller_name("meshyard-ctrl-j1-2")
+('meshyard-ctrl-j1-2', ('j1', 2))
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from orchestrator.lifecycle import RankState, Reason
+from orchestrator.placement.gang_plan import Bundle
+from orchestrator.runtime.failures import FailureGroup
+from orchestrator.spec import JobSpec, WatchdogAction
+from orchestrator.topology.model import ClusterTopology
+from orchestrator.watchdog.report import DiagnosisReport
+
+# -- Ray names ------------------------------------------------------------------------------
+NAMESPACE = "meshyard"
+POOL_NAME = "meshyard-pool"
+_CONTROLLER_PREFIX = "meshyard-ctrl-"
+_PG_PREFIX = "meshyard-pg-"
+
+
+def controller_name(job_id: str, attempt: int) -> str:
+    return f"{_CONTROLLER_PREFIX}{job_id}-{attempt}"
+
+
+def pg_name(job_id: str, attempt: int) -> str:
+    return f"{_PG_PREFIX}{job_id}-{attempt}"
+
+
+def _parse(name: str, prefix: str) -> tuple[str, int] | None:
+    if not name.startswith(prefix):
+        return None
+    job, _, attempt = name[len(prefix):].rpartition("-")
+    return (job, int(attempt)) if attempt.isdigit() and job else None
+
+
+def parse_controller_name(name: str) -> tuple[str, int] | None:
+    """(job id, attempt) of a controller's actor name, None for any other name."""
+    return _parse(name, _CONTROLLER_PREFIX)
+
+
+def parse_pg_name(name: str) -> tuple[str, int] | None:
+    """(job id, attempt) of an attempt's placement group name, None for any other name."""
+    return _parse(name, _PG_PREFIX)
+
+
+# -- scheduler -> controller ----------------------------------------------------------------
+@dataclass(frozen=True)
+class AttemptConfig:
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    bundles: tuple[Bundle, ...]  # one per rank, in planned-rank order
+    run_dir: str
+    placement_timeout_s: float
+    init_timeout_s: float
+    train_fn: str | None = None  # import path of the training function (tests, benchmarks)
+    steps: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
+    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
+
+    @property
+    def pg_name(self) -> str:
+        return pg_name(self.job_id, self.attempt)
+
+    @property
+    def log_dir(self) -> str:
+        return f"{self.run_dir}/logs/attempt-{self.attempt}"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.bundles)
+
+
+# -- controller -> poller: ranks -------------------------------------------------------------
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank as the controller knows it now. `node` is the topology's name of its node."""
+
+    rank: int
+    node: str | None = None
+    node_id: str | None = None
+    gpu: int | None = None
+    coords: dict[str, int] = field(default_factory=dict)
+    pid: int | None = None
+    ip: str | None = None
+    bundle: int | None = None
+    state: RankState = RankState.STARTING
+    step: int | None = None
+    phase: str | None = None
+    last_heartbeat: float | None = None  # the worker's own clock (unix seconds)
+
+    # What the store keeps of a rank (the poller writes a row when one of these changes).
+    STORED: ClassVar[tuple[str, ...]] = ("node", "node_id", "gpu", "coords", "state", "step",
+                                         "phase", "pid", "last_heartbeat")
+
+    def stored(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.STORED)
+
+
+@dataclass(frozen=True)
+class Master:
+    """Rank 0's rendezvous address (MASTER_ADDR / MASTER_PORT)."""
+
+    addr: str
+    port: int
+
+
+# -- controller -> poller: event payloads ----------------------------------------------------
+class EventKind(StrEnum):
+    PLACED = "placed"
+    WORKERS_READY = "workers_ready"
+    FIRST_STEP = "first_step"
+    METRICS = "metrics"
+    LOGS = "logs"
+    DIAGNOSIS = "diagnosis"
+    WATCHDOG_ERROR = "watchdog_error"
+    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"
+    PLACEMENT_TIMEOUT = "placement_timeout"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Placed:
+    KIND: ClassVar[EventKind] = EventKind.PLACED
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class WorkersReady:
+    KIND: ClassVar[EventKind] = EventKind.WORKERS_READY
+    ranks: tuple[RankStatus, ...]
+    master: Master
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    KIND: ClassVar[EventKind] = EventKind.FIRST_STEP
+    step: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    KIND: ClassVar[EventKind] = EventKind.METRICS
+    rows: tuple[dict[str, Any], ...]  # rank, step, loss, ... as the loop reported them
+
+
+@dataclass(frozen=True)
+class Logs:
+    KIND: ClassVar[EventKind] = EventKind.LOGS
+    lines: tuple[dict[str, Any], ...]  # rank, stream, line, time
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    KIND: ClassVar[EventKind] = EventKind.DIAGNOSIS
+    report: DiagnosisReport
+    trigger: str  # stall | silent | exit | straggler
+    detected_at: float
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The report holds read-only mappings that do not pickle; it travels as its dict.
+        return (_diagnosis, (self.report.to_dict(), self.trigger, self.detected_at))
+
+
+def _diagnosis(report: dict[str, Any], trigger: str, detected_at: float) -> Diagnosis:
+    return Diagnosis(report=DiagnosisReport.from_dict(report), trigger=trigger,
+                     detected_at=detected_at)
+
+
+@dataclass(frozen=True)
+class WatchdogError:
+    KIND: ClassVar[EventKind] = EventKind.WATCHDOG_ERROR
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    KIND: ClassVar[EventKind] = EventKind.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    KIND: ClassVar[EventKind] = EventKind.CANCELLED
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PlacementTimeout:
+    KIND: ClassVar[EventKind] = EventKind.PLACEMENT_TIMEOUT
+    message: str
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The attempt failed. `hang_action` is set when the hang watchdog ended it: FAIL ends the
+    job, RESTART counts as a failed attempt (with `avoid_nodes` kept out of the next one)."""
+
+    KIND: ClassVar[EventKind] = EventKind.FAILED
+    reason: Reason
+    message: str
+    groups: tuple[FailureGroup, ...] = ()
+    failed_nodes: tuple[str, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()
+    hang_action: WatchdogAction | None = None
+
+
+Payload = (Placed | WorkersReady | FirstStep | Metrics | Logs | Diagnosis | WatchdogError
+           | Succeeded | Cancelled | PlacementTimeout | Failed)
+Terminal = Succeeded | Cancelled | PlacementTimeout | Failed
+
+
+@dataclass(frozen=True)
+class ControllerEvent:
+    seq: int
+    payload: Payload
+    time: float = field(default_factory=time.time)
+
+    @property
+    def kind(self) -> EventKind:
+        return self.payload.KIND
+
+    @property
+    def terminal(self) -> bool:
+        return isinstance(self.payload, Terminal)
+
+
+@dataclass(frozen=True)
+class PollReply:
+    events: tuple[ControllerEvent, ...]
+    ranks: tuple[RankStatus, ...]
+    seq: int
+    outcome: EventKind | None
+    job_id: str
+    attempt: int

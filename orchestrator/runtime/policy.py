@@ -1,0 +1,101 @@
+"""The runtime's policies: what to do after a failed attempt, which nodes the next one avoids.
+Pure module: each function returns a decision; the poller and the scheduler apply it.
+
+Restart (after attempt n failed, `failed` attempts failed so far, this one included):
+
+    job cancelling                      -> FINISH_CANCEL (the failure was the cancel)
+    the hang watchdog said fail         -> FAIL with the attempt's reason
+    failed - 1 < max_failures           -> RESTART: RESTARTING, then QUEUED for attempt n + 1
+    otherwise                           -> FAIL with MAX_FAILURES
+
+Avoid (for the job's next attempt): every node the hang watchdog named as a suspect, and from
+the third attempt on, every node that was among the failed nodes of two or more attempts.
+
+>>> restart_decision(attempt=1, failed=1, max_failures=3, reason=Reason.WORKER_CRASH,
+...                  message="rank 0 died").outcome
+<Outcome.RESTART: 'restart'>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from orchestrator.lifecycle import Reason
+from orchestrator.spec import WatchdogAction
+
+
+class Outcome(StrEnum):
+    RESTART = "restart"
+    FAIL = "fail"
+    FINISH_CANCEL = "finish_cancel"
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    """`reason` and `message` go with the RESTARTING or FAILED transition; a restart then
+    queues the job with `requeue_message`."""
+
+    outcome: Outcome
+    reason: Reason
+    message: str
+    requeue_message: str = ""
+
+
+def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Reason,
+                     message: str, hang_action: WatchdogAction | None = None,
+                     cancelling: bool = False) -> RestartDecision:
+    """After attempt `attempt` failed; `failed` counts the job's failed attempts so far."""
+    if cancelling:
+        return RestartDecision(Outcome.FINISH_CANCEL, reason, message)
+    if hang_action == WatchdogAction.FAIL:  # watchdog.action=fail: a hang ends the job
+        return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
+    if failed - 1 < max_failures:
+        return RestartDecision(
+            Outcome.RESTART, reason,
+            f"attempt {attempt} failed ({failed} of {max_failures + 1} allowed): {message}",
+            requeue_message=f"attempt {attempt + 1} will resume from the latest checkpoint")
+    return RestartDecision(Outcome.FAIL, Reason.MAX_FAILURES,
+                           f"{failed} failed attempts (max_failures={max_failures}); last: "
+                           f"{message}")
+
+
+@dataclass(frozen=True)
+class AttemptFailure:
+    """What a failed attempt left for the avoid policy: the nodes of its first failure group
+    and the nodes the hang watchdog suspects. Stored as the attempt's error event data."""
+
+    attempt: int
+    failed_nodes: tuple[str, ...] = ()
+    avoid_nodes: tuple[str, ...] = ()
+
+    def event_data(self, *, groups: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        return {"groups": list(groups), "failed_nodes": list(self.failed_nodes),
+                "avoid_nodes": list(self.avoid_nodes), "attempt": self.attempt}
+
+    @classmethod
+    def from_event_data(cls, data: Mapping[str, Any]) -> AttemptFailure:
+        return cls(attempt=int(data.get("attempt") or 0),
+                   failed_nodes=tuple(str(n) for n in data.get("failed_nodes") or ()),
+                   avoid_nodes=tuple(str(n) for n in data.get("avoid_nodes") or ()))
+
+
+def nodes_failed_twice(failed_nodes_per_attempt: Iterable[Iterable[str]]) -> set[str]:
+    """Nodes that appear in the failures of two or more attempts (to avoid on restart)."""
+    counts: dict[str, int] = {}
+    for nodes in failed_nodes_per_attempt:
+        for n in set(nodes):
+            counts[n] = counts.get(n, 0) + 1
+    return {n for n, c in counts.items() if c >= 2}
+
+
+def avoid_nodes(*, current_attempt: int, failures: Sequence[AttemptFailure]) -> set[str]:
+    """Nodes the job's next attempt must not use (see the module doc)."""
+    if current_attempt < 1:
+        return set()
+    suspects = {n for f in failures for n in f.avoid_nodes}
+    if current_attempt < 2:
+        return suspects
+    return nodes_failed_twice(f.failed_nodes for f in failures) | suspects

@@ -1,0 +1,79 @@
+"""The runtime's policies, table-driven and without Ray: restart decisions and avoided nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.lifecycle import Reason
+from orchestrator.runtime.policy import (
+    AttemptFailure,
+    Outcome,
+    avoid_nodes,
+    restart_decision,
+)
+from orchestrator.spec import WatchdogAction
+
+RESTART_CASES = [
+    # attempt, failed so far, max_failures, hang action, cancelling -> outcome, reason
+    (1, 1, 3, None, False, Outcome.RESTART, Reason.WORKER_CRASH),
+    (3, 3, 3, None, False, Outcome.RESTART, Reason.WORKER_CRASH),
+    (4, 4, 3, None, False, Outcome.FAIL, Reason.MAX_FAILURES),
+    (1, 1, 0, None, False, Outcome.FAIL, Reason.MAX_FAILURES),
+    (1, 1, 3, WatchdogAction.FAIL, False, Outcome.FAIL, Reason.WORKER_CRASH),
+    (1, 1, 3, WatchdogAction.RESTART, False, Outcome.RESTART, Reason.WORKER_CRASH),
+    (2, 2, 3, None, True, Outcome.FINISH_CANCEL, Reason.WORKER_CRASH),
+    (9, 9, 3, WatchdogAction.FAIL, True, Outcome.FINISH_CANCEL, Reason.WORKER_CRASH),
+]
+
+
+@pytest.mark.parametrize(("attempt", "failed", "max_failures", "hang", "cancelling",
+                          "outcome", "reason"), RESTART_CASES)
+def test_restart_decision(attempt: int, failed: int, max_failures: int,
+                          hang: WatchdogAction | None, cancelling: bool, outcome: Outcome,
+                          reason: Reason) -> None:
+    d = restart_decision(attempt=attempt, failed=failed, max_failures=max_failures,
+                         reason=Reason.WORKER_CRASH, message="rank 0 died", hang_action=hang,
+                         cancelling=cancelling)
+    assert (d.outcome, d.reason) == (outcome, reason)
+    assert "rank 0 died" in d.message
+
+
+def test_restart_messages_count_attempts_and_name_the_next_one() -> None:
+    d = restart_decision(attempt=2, failed=2, max_failures=3, reason=Reason.HANG_DETECTED,
+                         message="hang detected: rank 1")
+    assert d.message == "attempt 2 failed (2 of 4 allowed): hang detected: rank 1"
+    assert d.requeue_message == "attempt 3 will resume from the latest checkpoint"
+    last = restart_decision(attempt=3, failed=3, max_failures=2, reason=Reason.WORKER_CRASH,
+                            message="boom")
+    assert last.message == "3 failed attempts (max_failures=2); last: boom"
+
+
+def _f(attempt: int, failed: tuple[str, ...] = (), avoid: tuple[str, ...] = ()) -> AttemptFailure:
+    return AttemptFailure(attempt=attempt, failed_nodes=failed, avoid_nodes=avoid)
+
+
+AVOID_CASES = [
+    # current attempt, failures so far -> nodes the next attempt avoids
+    (0, [_f(1, ("n1",), ("n9",))], set()),
+    (1, [_f(1, ("n1",))], set()),  # one failure on a node is not a pattern yet
+    (1, [_f(1, ("n1",), ("n2",))], {"n2"}),  # the hang watchdog's suspect, at once
+    (2, [_f(1, ("n1",)), _f(2, ("n1",))], {"n1"}),  # failed in two attempts
+    (2, [_f(1, ("n1",)), _f(2, ("n2",))], set()),
+    (3, [_f(1, ("n1", "n1")), _f(2, ("n2",)), _f(3, ("n2", "n3"))], {"n2"}),
+    (3, [_f(1, ("n1",)), _f(2, (), ("n4",)), _f(3, ("n1",))], {"n1", "n4"}),
+]
+
+
+@pytest.mark.parametrize(("current", "failures", "expected"), AVOID_CASES)
+def test_avoid_nodes(current: int, failures: list[AttemptFailure], expected: set[str]) -> None:
+    assert avoid_nodes(current_attempt=current, failures=failures) == expected
+
+
+def test_attempt_failure_round_trips_through_the_stored_event_data() -> None:
+    f = _f(2, ("n1", "n2"), ("n2",))
+    data = f.event_data(groups=[{"signature": "x"}])
+    assert data == {"groups": [{"signature": "x"}], "failed_nodes": ["n1", "n2"],
+                    "avoid_nodes": ["n2"], "attempt": 2}
+    assert AttemptFailure.from_event_data(data) == f
+    # a controller-lost failure stores no avoid list
+    assert AttemptFailure.from_event_data({"failed_nodes": [], "attempt": 1}) == _f(1)

@@ -1,0 +1,116 @@
+"""What the runtime hands one worker actor, and what the worker hands back. Pure module.
+
+The attempt's controller (`orchestrator.runtime.gang`) computes the ranks from where the actors
+landed, then calls `WorkerActor.run(RankAssignment)` on each; the actor answers `poll()` with a
+`WorkerPoll` while it trains and `run` returns a `RankResult`. Everything here is a frozen value
+that pickles across Ray as is: the spec is the validated `JobSpec`, never a dict.
+
+    RankAssignment(job_id="j1", attempt=1, rank=3, spec=spec, run_dir="/runs/j1",
+                   log_dir="/runs/j1/logs/attempt-1",
+                   dist=DistEnv(rank=3, local_rank=1, world_size=4, local_world_size=2,
+                                master_addr="10.0.0.1", master_port=29500))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from orchestrator.spec import JobSpec
+
+
+class WorkerState(StrEnum):
+    """A worker actor's own state; the controller reports it upper-cased as the rank's state."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The torch.distributed coordinates of one rank (torchrun's RANK, LOCAL_RANK, ...)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        """Reads torchrun-style variables; a missing RANK means a single process."""
+        env = os.environ if environ is None else environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+
+    @classmethod
+    def single(cls) -> DistEnv:
+        return cls(rank=0, local_rank=0, world_size=1, local_world_size=1,
+                   master_addr="127.0.0.1", master_port=0)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    job_id: str
+    attempt: int
+    rank: int
+    spec: JobSpec
+    run_dir: str
+    log_dir: str
+    dist: DistEnv
+    env: Mapping[str, str] = field(default_factory=dict)  # extra variables for this rank
+    train_fn: str | None = None  # import path `pkg.mod:fn`; None: the built-in loop
+    steps: int | None = None  # overrides spec.training.steps (tests, benchmarks)
+
+    def log_path(self, suffix: str) -> Path:
+        """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr or log)."""
+        return Path(self.log_dir) / f"rank-{self.rank}.{suffix}"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """How one rank's run ended. `time` is when the controller saw it end."""
+
+    rank: int
+    state: WorkerState  # COMPLETED, STOPPED or ERROR
+    last_step: int | None = None
+    seconds: float = 0.0
+    error_type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    time: float | None = None
+    result: Any = None  # what the training function returned, made JSON-able
+
+    @property
+    def failed(self) -> bool:
+        return self.state == WorkerState.ERROR
+
+
+@dataclass(frozen=True)
+class WorkerPoll:
+    """What a worker reports since the last poll: metrics rows, log lines, its heartbeat."""
+
+    state: WorkerState
+    metrics: tuple[dict[str, Any], ...] = ()
+    logs: tuple[dict[str, Any], ...] = ()
+    heartbeat: dict[str, Any] | None = None
+    last_step: int | None = None
+    dropped_logs: int = 0
