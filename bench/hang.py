@@ -1,4 +1,4 @@
-"""Hang diagnosis: issue 6's fault table through the real runtime, verdicts and latency.
+"""Hang diagnosis: the fault table through the real runtime, verdicts and latency.
 
 Each scenario is a tiny gloo job on a local Ray (3 ranks; 2 for the pipeline and user-code
 cases) with one injected fault. Per scenario it prints the stored verdict and culprit ranks,

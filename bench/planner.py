@@ -1,4 +1,4 @@
-"""Planner benchmark (issue 9).
+"""Planner benchmark.
 
     .venv/bin/python bench/planner.py                 # ~5 min on 2 busy cores
     .venv/bin/python bench/planner.py --skip-runs     # planning time + memory check only

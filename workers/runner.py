@@ -122,7 +122,7 @@ class LocalStepRunner:
 def build_runner(ctx: BuildContext) -> StepRunner:
     """Picks the strategy: the pipeline runner when pp > 1, else the local one."""
     if ctx.dims.pp > 1:
-        from workers.pipeline import build_pipeline_runner  # the PP engineer's module
+        from workers.pipeline import build_pipeline_runner  # torch.distributed.pipelining
 
         runner: StepRunner = build_pipeline_runner(ctx)
         return runner

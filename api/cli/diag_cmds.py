@@ -1,4 +1,4 @@
-"""Hang diagnosis commands (issue 6):
+"""Hang diagnosis commands:
 
 * `meshyard logs parse FILE [--json]`: NCCL_DEBUG / PyTorch / gloo log events of one file;
 * `meshyard diagnose --fr DIR [--logs DIR] [--json]`: offline diagnosis of any PyTorch job

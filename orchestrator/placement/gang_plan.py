@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator.mesh import MeshShape
-from orchestrator.placement.diagnose import FailureReason, PlacementFailure
+from orchestrator.placement.failure import FailureReason, PlacementFailure
 from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot
 from orchestrator.placement.solver import Placement, solve_spec

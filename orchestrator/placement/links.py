@@ -1,7 +1,8 @@
 """Link figures and the bottleneck link of a communication group on a placement.
 
-Pure module. The figures are per direction; a later issue calibrates them on real nodes, so
-every figure lives in one overridable value, `LinkFigures`.
+Pure module. The figures are per direction; `meshyard calibrate` measures them on real nodes
+(orchestrator/planner/calibration), so every figure lives in one overridable value,
+`LinkFigures`.
 
 A group's bottleneck is the slowest link the best ring through its members must use:
 - inside one node, the best Hamiltonian ring over the pairwise link classes (NCCL builds its

@@ -17,7 +17,7 @@ Pure module. Gang semantics: every rank is placed or none is. Steps:
    estimate the communication time (`cost.py`); the cheapest wins, ties going to the earliest
    candidate (plain BestFit, tightest domain). At most 16 candidates are costed. Everything is
    sorted, so the same input gives the same output.
-5. When nothing fits, say why (`diagnose.py`): never fits this cluster, waiting for running
+5. When nothing fits, say why (`failure.py`): never fits this cluster, waiting for running
    jobs, or fragmented. In `preferred` mode the solver then relaxes tp_within to the node,
    then to best effort, before giving up.
 
@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.blocks import block_sizes, candidates
 from orchestrator.placement.cost import Estimate, ModelDims, estimate_below
-from orchestrator.placement.diagnose import FailureReason, PlacementFailure, diagnose
 from orchestrator.placement.domains import Domain, Packing, build_tree, flatten, has_pools, shape
+from orchestrator.placement.failure import FailureReason, PlacementFailure, explain
 from orchestrator.placement.gpus import pick_node_gpus
 from orchestrator.placement.links import LinkFigures, LinkModel, intra_node_link
 from orchestrator.placement.nodeinfo import islands, nvlink_domain_key, uniform_kind
@@ -139,7 +139,7 @@ def solve(cluster: ClusterTopology, mesh: MeshShape, *, constraints: Constraints
                                      units=units, packing=packing, links=links, model=model)
             relaxed = packing.tp_within != c.tp_within or not packing.strict
             return _with_notes(placed, relaxed=relaxed, wanted=c.tp_within, links=links)
-    return diagnose(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
+    return explain(cluster, mesh, packing=Packing(mesh.tp, c.tp_within), avoid=avoid)
 
 
 def solve_spec(cluster: ClusterTopology, spec: JobSpec, *, avoid: tuple[str, ...] = (),

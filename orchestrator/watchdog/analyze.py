@@ -1,6 +1,6 @@
 """Hang analysis: per-rank evidence -> DiagnosisReport. Pure, and it never raises.
 
-How a verdict is reached (issue 6 §3):
+How a verdict is reached:
 1. Each process group's collectives are aligned across its members by collective seq
    (`align.build_view`); the majority at each seq is the reference, so a culprit rank 0 is
    named as such instead of blaming everyone else.

@@ -3,7 +3,7 @@
 Pure module. Policies return decisions; the controller acts on them. Nothing here raises on
 odd input: an empty history gives the floor threshold, a missing heartbeat is "silent".
 
-Stall rule (issue 6): stalled when no rank's step advanced for max(floor, k × p95 step time);
+Stall rule: stalled when no rank's step advanced for max(floor, k × p95 step time);
 before the first step the longer `first_step_timeout_s` applies (model build, compile, data).
 Straggler rule: step times even out under all-reduce (everyone waits for the slowest), so a
 straggler is found by TIME-TO-ENTER each collective: the rank that is persistently the last to

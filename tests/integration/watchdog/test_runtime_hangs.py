@@ -1,5 +1,5 @@
 """The hang watchdog end to end: real gloo jobs on Ray through the runtime, injected faults,
-the controller's detection and evidence round, the stored report (issue 6's table).
+the controller's detection and evidence round, the stored report (the fault table of bench/README.md).
 
 One local Ray and one runtime serve the whole module. Jobs are tiny (3 ranks unless the
 scenario needs 2), the stall threshold is 3 s, and `watchdog.action: fail` ends a hung job as

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.mesh import MeshShape
-from orchestrator.placement.diagnose import FailureReason, PlacementFailure
+from orchestrator.placement.failure import FailureReason, PlacementFailure
 from orchestrator.placement.solver import Constraints, Placement, solve
 from orchestrator.topology.model import ClusterTopology
 from tests.unit.placement.clusters import cluster, dgx1, islands, nvswitch, pcie

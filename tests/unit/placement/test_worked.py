@@ -1,4 +1,4 @@
-"""The worked placement scenarios of issue 3, plus failures and the actor mapping."""
+"""Worked placement scenarios, plus failures and the actor mapping."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.blocks import candidates
-from orchestrator.placement.diagnose import FailureReason, PlacementFailure
 from orchestrator.placement.domains import Packing, build_tree
+from orchestrator.placement.failure import FailureReason, PlacementFailure
 from orchestrator.placement.ranks import assign_ranks, best_tp_groups, ranks_for_actors
 from orchestrator.placement.solver import Constraints, Placement, solve
 from orchestrator.topology.model import ClusterNode, ClusterTopology

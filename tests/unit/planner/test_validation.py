@@ -1,4 +1,4 @@
-"""The planner against published practice (issue 9, section 4)."""
+"""The planner against published practice."""
 
 from __future__ import annotations
 

@@ -69,8 +69,8 @@ def _largest_domain(cluster: ClusterTopology, packing: Packing, *, avoid: frozen
     return best
 
 
-def diagnose(cluster: ClusterTopology, mesh: MeshShape, *, packing: Packing,
-             avoid: frozenset[str] = frozenset()) -> PlacementFailure:
+def explain(cluster: ClusterTopology, mesh: MeshShape, *, packing: Packing,
+            avoid: frozenset[str] = frozenset()) -> PlacementFailure:
     usable = [n for n in cluster.nodes if n.name not in avoid and n.node_id not in avoid]
     world, tp, groups = mesh.world_size, mesh.tp, mesh.n_tp_groups
     total = sum(len(n.topology.gpus) for n in usable)
