@@ -1,10 +1,16 @@
-# meshyard: `make run` starts the service with a demo job; `make test` runs the test suite.
+# meshyard: `make run` starts the service with a demo job; `make test` runs the test suite;
+# `make check` is the edit loop (unit tests and lint, well under 2 minutes).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Tests that start no Ray cluster, no multi-process torch job and no browser run two at a time
+# (pytest-xdist, one module per worker); the others need the machine's cores and run one at a
+# time after them.
+PARALLEL_TESTS := tests/unit tests/integration/store tests/integration/api
+XDIST ?= -n 2 --dist loadfile
 
-.PHONY: run test install lint bench clean
+.PHONY: run test check install lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,7 +25,14 @@ run: $(VENV)/.installed
 	$(VENV)/bin/meshyard serve --demo
 
 test: $(VENV)/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	status=0; \
+	$(PY) -m pytest $(XDIST) $(PARALLEL_TESTS) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest $(addprefix --ignore=,$(PARALLEL_TESTS)) $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
+
+check: $(VENV)/.installed
+	$(VENV)/bin/ruff check orchestrator workers api tests bench
+	$(PY) -m pytest $(XDIST) -q tests/unit $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check orchestrator workers api tests bench

@@ -40,11 +40,6 @@ def _fake_nvidia_smi(tmp: Path) -> Path:
 def test_discovered_links_feed_the_store_and_the_scheduler(ray_cluster, store, tmp_path):
     spec = tiny_spec("tp-in-nvlink", parallelism={"tp": 2},
                      placement={"tp_within": "nvlink_domain", "mode": "required"})
-    # Links unknown (no topology): the TP group never fits, whatever is free.
-    bare = build_snapshot(ray_nodes=read_ray_nodes(), topology=None)
-    pending = plan_job(parse_spec(spec), bare)
-    assert isinstance(pending, Pending) and pending.kind == "infeasible", pending
-
     settings = Settings(data_dir=tmp_path, ray_address=ray_cluster.address)
     assert settings.cluster_file is None
     rt = Runtime(settings, store, tick_s=0.2,
@@ -52,6 +47,10 @@ def test_discovered_links_feed_the_store_and_the_scheduler(ray_cluster, store, t
                             "nvml_module": None})
     rt.start()
     try:
+        # Links unknown (no topology): the TP group never fits, whatever is free.
+        bare = build_snapshot(ray_nodes=read_ray_nodes(), topology=None)
+        pending = plan_job(parse_spec(spec), bare)
+        assert isinstance(pending, Pending) and pending.kind == "infeasible", pending
         nodes = {n.name: n for n in store.list_nodes() if n.alive}
         assert {"n1", "n2", "c1"} <= set(nodes)
         for name in ("n1", "n2"):
