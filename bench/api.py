@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.postgres: the scratch PostgreSQL database helper
 RESULTS = REPO / "bench" / "results" / "api.json"
 SPEC = {"name": "bench", "parallelism": {"dp_replicate": 2}, "training": {"steps": 10}}
 
