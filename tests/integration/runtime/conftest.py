@@ -83,6 +83,16 @@ def ray_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture()
+def ray_connected(ray_cluster: Cluster) -> Cluster:
+    """This process connected to the package's cluster. The end of every module disconnects
+    it (tests/conftest.py), and a bare Ray API call would then join whichever Ray instance on
+    the host started last (another engineer's, on a shared machine)."""
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster.address, namespace="meshyard", log_to_driver=False)
+    return ray_cluster
+
+
+@pytest.fixture()
 def store(tmp_path: Path) -> Iterator[Store]:
     s = open_store(f"sqlite:///{tmp_path / 'meshyard.db'}")
     yield s

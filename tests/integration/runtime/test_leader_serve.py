@@ -50,7 +50,8 @@ def _leader_pid(engine: Any) -> int | None:
     return int(holder.rsplit(":", 1)[1]) if holder else None
 
 
-def test_standby_takes_over_and_places_each_job_once(ray_cluster, postgres_url, tmp_path):
+def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected, postgres_url,
+                                                     tmp_path):
     cluster_file = write_cluster_file(tmp_path / "cluster.yaml")
     engine = create_engine(postgres_url)
     procs: list[subprocess.Popen[bytes]] = []
