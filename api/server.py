@@ -143,7 +143,8 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
     app = create_app(settings, store=prepared.store,
                      runtime=build_runtime(settings, prepared.store))
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=access_log,
-                                           timeout_graceful_shutdown=10))
+                                           timeout_graceful_shutdown=10,
+                                           proxy_headers=False))  # the app applies them
     server_file = settings.data_dir / SERVER_FILE
     server_file.write_text(json.dumps({"url": url, "pid": os.getpid(), "port": port}) + "\n")
     if demo:

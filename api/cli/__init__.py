@@ -3,8 +3,8 @@
 from api.cli import spec_cmds  # noqa: F401  (registers commands)
 from api.cli.app import app
 
-for _name in ("server_cmds", "job_cmds", "topo_cmds", "place_cmds", "log_cmds", "diag_cmds",
-              "plan_cmds"):
+for _name in ("server_cmds", "token_cmds", "access_cmds", "job_cmds", "topo_cmds",
+              "place_cmds", "log_cmds", "diag_cmds", "plan_cmds"):
     try:
         __import__(f"api.cli.{_name}")
     except ModuleNotFoundError as exc:  # a command module not written yet

@@ -236,7 +236,7 @@ def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[RankRecord]]], *,
     """(node, gpu) → who holds it, from the ranks of active jobs."""
     out: dict[tuple[str, int], GpuUse] = {}
     for job, ranks in jobs:
-        visible = viewer.is_admin or job.owner == viewer.name
+        visible = viewer.sees_all_jobs or job.owner == viewer.name
         for r in ranks:
             if r.node is None or r.gpu is None:
                 continue

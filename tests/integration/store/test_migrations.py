@@ -27,6 +27,6 @@ def test_upgrade_is_idempotent(db_url: str) -> None:
     upgrade_database(db_url)
     engine = make_engine(db_url)
     try:
-        assert is_at_head(engine) and head_revision() == "0002"
+        assert is_at_head(engine) and head_revision() == "0003"
     finally:
         engine.dispose()
