@@ -120,13 +120,13 @@ def _fail(loc: str, exc: Exception) -> Unprocessable:
 
 def request_cluster(doc: dict[str, Any]) -> ClusterTopology:
     """A what-if cluster from a request body: inline topology only, bounded in size."""
-    issue = document_issue(doc)
-    if issue is not None:
-        raise Unprocessable([replace(issue, loc=f"cluster.{issue.loc}")])
     nodes = doc.get("nodes")
     if isinstance(nodes, list) and len(nodes) > lim.MAX_CLUSTER_NODES:
         raise _fail("cluster.nodes", ValueError(
             f"{len(nodes)} nodes; a plan request describes at most {lim.MAX_CLUSTER_NODES}"))
+    issue = document_issue(doc)
+    if issue is not None:
+        raise Unprocessable([replace(issue, loc=f"cluster.{issue.loc}")])
     try:
         cluster = parse_cluster_doc(doc)  # no base_dir: topo_m_file is refused, never opened
     except ValueError as exc:

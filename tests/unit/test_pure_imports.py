@@ -18,6 +18,9 @@ FORBIDDEN = ("ray", "fastapi", "sqlalchemy", "torch")
 PURE = [
     "orchestrator.spec",
     "orchestrator.lifecycle",
+    "orchestrator.limits",
+    "orchestrator.access",
+    "orchestrator.quotas",
     "orchestrator.topology.model",
     "orchestrator.topology.nvidia_smi",
     "orchestrator.topology.nvml",

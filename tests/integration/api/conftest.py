@@ -51,6 +51,7 @@ class Server:
     data_dir: Path
     database_url: str | None = None
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # MESHYARD_* settings for this server
     proc: subprocess.Popen | None = None
     url: str = ""
     starts: int = 0
@@ -68,8 +69,8 @@ class Server:
         log = self.log_path.open("a")
         log.write(f"\n--- start {self.starts} ---\n")
         log.flush()
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
-                                     cwd=REPO)
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                     env=clean_env(**self.env), cwd=REPO)
         log.close()
         self.url = self._wait_ready(timeout)
         return self

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.dashboard import views
-from orchestrator.lifecycle import JobState
 from orchestrator.access import Role
+from orchestrator.lifecycle import JobState
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
 from tests.unit.dashboard.seed import spec_doc
 
