@@ -48,11 +48,19 @@ def effective_quota(explicit: Quota | None, *, defaults: Quota, is_admin: bool) 
 
 
 @dataclass(frozen=True)
-class JobSize:
-    """What a job holds while it runs."""
+class Usage:
+    """GPUs and CPUs: what a job holds while it runs, or what a user's jobs hold together."""
 
-    gpus: int
-    cpus: float
+    gpus: float = 0.0
+    cpus: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.gpus + other.gpus, self.cpus + other.cpus)
+
+    def share(self, total: Usage) -> float:
+        """The dominant share of `total`: max(GPUs / total GPUs, CPUs / total CPUs)."""
+        return max(self.gpus / total.gpus if total.gpus > 0 else 0.0,
+                   self.cpus / total.cpus if total.cpus > 0 else 0.0)
 
 
 def _over(quota: str, limit: float, what: str) -> QuotaExceeded:
@@ -61,17 +69,31 @@ def _over(quota: str, limit: float, what: str) -> QuotaExceeded:
                          f"(`meshyard quota set --user NAME --{quota.replace('_', '-')} N`)")
 
 
-def check_submission(quota: Quota, *, priority: int, size: JobSize) -> None:
+def _running_over(quota: Quota, *, held: Usage, size: Usage) -> QuotaExceeded | None:
+    for name, limit, have, need, unit in (
+            ("max_running_gpus", quota.max_running_gpus, held.gpus, size.gpus, "GPUs"),
+            ("max_running_cpus", quota.max_running_cpus, held.cpus, size.cpus, "CPUs")):
+        if limit is not None and have + need > limit:
+            holds = f"the user's active jobs hold {have:g} {unit}; " if have else ""
+            return _over(name, limit, f"{holds}the job needs {need:g} {unit}")
+    return None
+
+
+def check_submission(quota: Quota, *, priority: int, size: Usage) -> None:
     """Raises QuotaExceeded for a job that can never run within the user's limits."""
     if quota.max_priority is not None and priority > quota.max_priority:
         raise _over("max_priority", quota.max_priority,
                     f"priority {priority} is above the highest this user may ask for")
-    if quota.max_running_gpus is not None and size.gpus > quota.max_running_gpus:
-        raise _over("max_running_gpus", quota.max_running_gpus,
-                    f"the job needs {size.gpus} GPUs")
-    if quota.max_running_cpus is not None and size.cpus > quota.max_running_cpus:
-        raise _over("max_running_cpus", quota.max_running_cpus,
-                    f"the job needs {size.cpus:g} CPUs")
+    over = _running_over(quota, held=Usage(), size=size)
+    if over is not None:
+        raise over
+
+
+def running_block(quota: Quota, *, held: Usage, size: Usage) -> str | None:
+    """Why a queued job must wait for the user's other jobs (the scheduler's check), or None
+    when starting it keeps the user within max_running_gpus / max_running_cpus."""
+    over = _running_over(quota, held=held, size=size)
+    return str(over) if over is not None else None
 
 
 def check_queued(quota: Quota, *, queued: int) -> None:
@@ -82,10 +104,10 @@ def check_queued(quota: Quota, *, queued: int) -> None:
                     "or cancel some")
 
 
-def job_size(spec: JobSpec, *, cluster_has_gpus: bool) -> JobSize:
+def job_size(spec: JobSpec, *, cluster_has_gpus: bool) -> Usage:
     """GPUs and CPUs the job holds once placed (`device: auto` runs on GPUs when the cluster
     has them)."""
     r = spec.resources
     on_gpus = r.device.value == "cuda" or (r.device.value == "auto" and cluster_has_gpus)
-    return JobSize(gpus=spec.world_size * r.gpus_per_worker if on_gpus else 0,
+    return Usage(gpus=spec.world_size * r.gpus_per_worker if on_gpus else 0,
                    cpus=spec.world_size * r.cpus_per_worker)

@@ -21,6 +21,8 @@ PURE = [
     "orchestrator.limits",
     "orchestrator.access",
     "orchestrator.quotas",
+    "orchestrator.fairshare",
+    "orchestrator.worker_env",
     "orchestrator.topology.model",
     "orchestrator.topology.nvidia_smi",
     "orchestrator.topology.nvml",

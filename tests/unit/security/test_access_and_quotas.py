@@ -14,9 +14,9 @@ from orchestrator.access import (
 )
 from orchestrator.limits import divisors
 from orchestrator.quotas import (
-    JobSize,
     Quota,
     QuotaExceeded,
+    Usage,
     check_queued,
     check_submission,
     effective_quota,
@@ -77,10 +77,10 @@ def test_effective_quota_and_checks() -> None:
     user = effective_quota(Quota(max_running_gpus=4), defaults=defaults, is_admin=False)
     assert user == Quota(max_queued_jobs=100, max_running_gpus=4, max_priority=0)
     with pytest.raises(QuotaExceeded) as err:
-        check_submission(user, priority=1, size=JobSize(gpus=0, cpus=1))
+        check_submission(user, priority=1, size=Usage(gpus=0, cpus=1))
     assert (err.value.quota, err.value.limit) == ("max_priority", 0)
     with pytest.raises(QuotaExceeded, match="max_running_gpus=4"):
-        check_submission(user, priority=0, size=JobSize(gpus=8, cpus=8))
+        check_submission(user, priority=0, size=Usage(gpus=8, cpus=8))
     check_queued(user, queued=99)
     with pytest.raises(QuotaExceeded, match="max_queued_jobs=100"):
         check_queued(user, queued=100)
@@ -88,8 +88,8 @@ def test_effective_quota_and_checks() -> None:
 
 def test_job_size_counts_gpus_only_where_the_job_runs_on_them() -> None:
     auto = parse_spec({"name": "x", "parallelism": {"dp_replicate": 4}})
-    assert job_size(auto, cluster_has_gpus=True) == JobSize(gpus=4, cpus=4.0)
-    assert job_size(auto, cluster_has_gpus=False) == JobSize(gpus=0, cpus=4.0)
+    assert job_size(auto, cluster_has_gpus=True) == Usage(gpus=4, cpus=4.0)
+    assert job_size(auto, cluster_has_gpus=False) == Usage(gpus=0, cpus=4.0)
     cpu = parse_spec({"name": "x", "resources": {"device": "cpu", "cpus_per_worker": 0.5},
                       "parallelism": {"dp_replicate": 4}})
-    assert job_size(cpu, cluster_has_gpus=True) == JobSize(gpus=0, cpus=2.0)
+    assert job_size(cpu, cluster_has_gpus=True) == Usage(gpus=0, cpus=2.0)
