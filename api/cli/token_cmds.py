@@ -72,9 +72,9 @@ def _print_tokens(tokens: list[TokenInfo], as_json: bool) -> None:
     if as_json:
         print_json(TokenList(items=tokens))
         return
-    typer.echo(f"{'ID':>6}  {'USER':<16} {'CREATED':<20} {'STATE':<8} LABEL")
+    typer.echo(f"{'ID':>6}  {'USER':<16} {'CREATED':<25} {'STATE':<8} LABEL")
     for t in tokens:
-        typer.echo(f"{t.id:>6}  {t.user:<16} {t.created_at.isoformat(timespec='seconds'):<20} "
+        typer.echo(f"{t.id:>6}  {t.user:<16} {t.created_at.isoformat(timespec='seconds'):<25} "
                    f"{'revoked' if t.revoked else 'live':<8} {t.label}")
 
 
