@@ -1,4 +1,10 @@
-"""Server-side admission checks a spec must pass beyond its own validation.
+"""Server-side admission: the checks a spec must pass beyond its own validation, in order.
+
+1. policy: the caller's role may change jobs, and the spec uses only code and data the
+   deployment allows (403 / 422 naming the policy and its setting);
+2. cluster fit and fault injection (422 at a field);
+3. quotas: priority, and the job's GPUs / CPUs against the user's running limits (429); the
+   queued-jobs limit is counted by the store in the submitting transaction.
 
 The cluster's shape (largest node's GPU count) is cached for a couple of seconds: reading
 every node's row (topology included) on each submission was ~10% of a submission's time, and
@@ -11,8 +17,12 @@ from __future__ import annotations
 import threading
 import time
 
+from api.errors import PolicyRefused
+from orchestrator.access import may_submit, spec_violations
+from orchestrator.quotas import Quota, check_submission, effective_quota, job_size
 from orchestrator.settings import Settings
-from orchestrator.spec import FieldIssue, JobSpec, check_fits_cluster
+from orchestrator.spec import FieldIssue, JobSpec, SpecValidationError, check_fits_cluster
+from orchestrator.store.records import UserRecord
 from orchestrator.store.repo import Store
 
 
@@ -32,6 +42,15 @@ class ClusterShape:
         return value
 
 
+def check_policy(spec: JobSpec, *, user: UserRecord, settings: Settings) -> None:
+    """Raises PolicyRefused when the deployment does not let `user` run `spec`."""
+    denied = may_submit(user.role)
+    violations = [denied] if denied else spec_violations(spec, role=user.role,
+                                                         policy=settings.policy())
+    if violations:
+        raise PolicyRefused(violations)
+
+
 def admission_issues(spec: JobSpec, *, settings: Settings, shape: ClusterShape
                      ) -> list[FieldIssue]:
     issues: list[FieldIssue] = []
@@ -43,3 +62,21 @@ def admission_issues(spec: JobSpec, *, settings: Settings, shape: ClusterShape
     if max_gpus > 0:
         issues += check_fits_cluster(spec, max_gpus_per_node=max_gpus)
     return issues
+
+
+def user_quota(store: Store, user: UserRecord, settings: Settings) -> Quota:
+    return effective_quota(store.get_quota(user.name), defaults=settings.quota_defaults(),
+                           is_admin=user.is_admin)
+
+
+def admit(spec: JobSpec, *, user: UserRecord, settings: Settings, store: Store,
+          shape: ClusterShape) -> Quota:
+    """Checks 2 and 3 on the spec as it will be stored; returns the user's quota (the store
+    enforces its max_queued_jobs)."""
+    issues = admission_issues(spec, settings=settings, shape=shape)
+    if issues:
+        raise SpecValidationError(issues)
+    quota = user_quota(store, user, settings)
+    check_submission(quota, priority=spec.priority,
+                     size=job_size(spec, cluster_has_gpus=shape.max_gpus_per_node() > 0))
+    return quota

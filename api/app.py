@@ -16,14 +16,17 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from api import docs
 from api.admission import ClusterShape
 from api.auth import TokenCache
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
-from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.routes import cluster, health, job_data, jobs, logs, plans, ui
+from api.middleware import BodyLimitMiddleware, HostCheckMiddleware, MetricsMiddleware
+from api.routes import cluster, health, job_data, jobs, logs, plans, tokens, ui, users
 from api.schemas import Problem
+from api.streams import StreamSlots
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
 from orchestrator.store.repo import Store
@@ -38,9 +41,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "description": text,
              "content": {"application/problem+json": {}}}
     for status, text in ((401, "Missing or invalid bearer token."),
+                         (403, "The caller's role or the deployment policy refuses it."),
                          (404, "Not found (or not visible to this user)."),
                          (413, "Body larger than the limit (1 MiB)."),
-                         (422, "Validation failed; `errors` lists each field."))
+                         (422, "Validation failed; `errors` lists each field."),
+                         (429, "Over a quota; `quota` and `limit` name it."))
 }
 
 
@@ -87,20 +92,28 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
 
     app = FastAPI(title="meshyard", version=_version(), lifespan=lifespan,
                   summary="Topology-aware distributed training on Ray.",
-                  generate_unique_id_function=_operation_id)
+                  generate_unique_id_function=_operation_id, docs_url=None, redoc_url=None)
     metrics = HttpMetrics()
     metrics.add_job_counts(store.job_counts_by_state)
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()
     app.state.cluster_shape = ClusterShape(store)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, cluster, plans):
+    for module in (jobs, job_data, logs, cluster, plans, tokens, users):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)
-    # add_middleware puts each new one outermost: metrics see the 413s the limit produces.
+    if settings.api_docs:
+        docs.install(app)
+    # add_middleware puts each new one outermost: metrics see the 413s the limit produces,
+    # and the Host check and proxy headers run before anything else.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(HostCheckMiddleware, allowed=settings.host_allowed)
+    # X-Forwarded-Proto / -For from trusted proxies only (TLS termination: request.url is
+    # https, so the session cookie is Secure). uvicorn's own copy is off (api/server.py).
+    app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies or [])
     return app

@@ -34,9 +34,15 @@ from api.schemas import (
     JobSummary,
     LogList,
     MetricList,
+    QuotaInfo,
     RankList,
     SubmitResult,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
     Topology,
+    UserInfo,
+    UserList,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -207,6 +213,34 @@ class MeshyardClient:
 
     def diagnoses(self, job_id: str) -> DiagnosisList:
         return self._request("GET", f"/v1/jobs/{job_id}/diagnoses", DiagnosisList)
+
+    # tokens, users, quotas ----------------------------------------------------------------
+    def create_token(self, *, user: str | None = None, role: str | None = None,
+                     label: str = "") -> TokenCreated:
+        body = {k: v for k, v in (("user", user), ("role", role)) if v is not None}
+        return self._request("POST", "/v1/tokens", TokenCreated, json={**body, "label": label})
+
+    def list_tokens(self, *, user: str | None = None,
+                    include_revoked: bool = False) -> TokenList:
+        params: dict[str, Any] = {"include_revoked": include_revoked}
+        if user is not None:
+            params["user"] = user
+        return self._request("GET", "/v1/tokens", TokenList, params=params)
+
+    def revoke_token(self, token_id: int) -> TokenInfo:
+        return self._request("DELETE", f"/v1/tokens/{token_id}", TokenInfo)
+
+    def list_users(self) -> UserList:
+        return self._request("GET", "/v1/users", UserList)
+
+    def set_role(self, user: str, role: str) -> UserInfo:
+        return self._request("PATCH", f"/v1/users/{user}", UserInfo, json={"role": role})
+
+    def get_quota(self, user: str) -> QuotaInfo:
+        return self._request("GET", f"/v1/users/{user}/quota", QuotaInfo)
+
+    def set_quota(self, user: str, limits: Mapping[str, float | None]) -> QuotaInfo:
+        return self._request("PUT", f"/v1/users/{user}/quota", QuotaInfo, json=dict(limits))
 
     # cluster & ops ------------------------------------------------------------------------
     def cluster(self) -> Cluster:

@@ -12,8 +12,10 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 
 from api.auth import authenticate
-from api.errors import NotFound
+from api.errors import Forbidden, NotFound, PolicyRefused
+from orchestrator.access import may_submit
 from orchestrator.settings import Settings
+from orchestrator.spec import PRINTABLE_RE
 from orchestrator.store.records import JobRecord, UserRecord
 from orchestrator.store.repo import Store
 
@@ -39,7 +41,26 @@ async def current_user(request: Request, store: StoreDep) -> UserRecord:
 UserDep = Annotated[UserRecord, Depends(current_user)]
 
 
-def visible_job(job_id: Annotated[str, Path(max_length=100, description="Job id.")],
+async def job_writer(user: UserDep) -> UserRecord:
+    """A caller whose role may submit and cancel jobs (admins and users; not viewers)."""
+    denied = may_submit(user.role)
+    if denied is not None:
+        raise PolicyRefused([denied])
+    return user
+
+
+async def admin_user(user: UserDep) -> UserRecord:
+    if not user.is_admin:
+        raise Forbidden(f"only admins may do this; {user.name} has the role {user.role.value}")
+    return user
+
+
+WriterDep = Annotated[UserRecord, Depends(job_writer)]
+AdminDep = Annotated[UserRecord, Depends(admin_user)]
+
+
+def visible_job(job_id: Annotated[str, Path(max_length=100, pattern=PRINTABLE_RE,
+                                            description="Job id.")],
                 user: UserDep, store: StoreDep) -> JobRecord:
     """The job if the caller may see it. Other users' jobs are 404, not 403: a user learns
     nothing about jobs that are not theirs."""

@@ -1,7 +1,8 @@
 """The one exception-to-HTTP mapping: every error leaves the API as application/problem+json.
 
 Shape (RFC 9457): ``{"type", "title", "status", "detail", "instance"}`` plus, for validation
-errors, ``"errors": [{"loc": "parallelism.tp", "msg": "...", "type": "..."}]``.
+errors, ``"errors": [{"loc": "parallelism.tp", "msg": "...", "type": "..."}]``; a quota
+answer (429) adds ``"quota"`` and ``"limit"``, a policy refusal ``"policy"`` and ``"setting"``.
 Routes raise domain exceptions (SpecValidationError, IllegalTransition) or the small
 ApiError family below; nothing else in api/ builds error responses.
 """
@@ -18,7 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.access import Violation
 from orchestrator.lifecycle import IllegalTransition
+from orchestrator.quotas import QuotaExceeded
 from orchestrator.spec import FieldIssue, SpecValidationError
 from orchestrator.store.jobs import JobNotFound
 
@@ -34,9 +37,11 @@ class ApiError(StarletteHTTPException):
     problem_type = "about:blank"
 
     def __init__(self, status: int, detail: str, *, headers: dict[str, str] | None = None,
-                 errors: list[FieldIssue] | None = None) -> None:
+                 errors: list[FieldIssue] | None = None,
+                 extensions: Mapping[str, Any] | None = None) -> None:
         super().__init__(status_code=status, detail=detail, headers=headers)
         self.errors = errors or []
+        self.extensions = dict(extensions or {})
 
 
 class NotFound(ApiError):
@@ -58,6 +63,29 @@ class Forbidden(ApiError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(403, detail)
+
+
+class PolicyRefused(ApiError):
+    """The deployment policy refuses the request: 403 for the caller's role, 422 (at a
+    field) for what the spec asks; both name the policy and the setting that changes it."""
+
+    problem_type = "urn:meshyard:problem:policy"
+
+    def __init__(self, violations: list[Violation]) -> None:
+        first = violations[0]
+        forbidden = any(v.forbidden for v in violations)
+        issues = [FieldIssue(v.loc, v.msg, f"policy.{v.policy}") for v in violations]
+        super().__init__(403 if forbidden else 422, _summary(issues), errors=issues,
+                         extensions={"policy": first.policy, "setting": first.setting})
+
+
+class TooManyRequests(ApiError):
+    """429: a quota or a concurrency limit; names it and its value."""
+
+    problem_type = "urn:meshyard:problem:quota-exceeded"
+
+    def __init__(self, detail: str, *, quota: str, limit: float) -> None:
+        super().__init__(429, detail, extensions={"quota": quota, "limit": limit})
 
 
 class Conflict(ApiError):
@@ -91,8 +119,9 @@ def _summary(issues: list[FieldIssue]) -> str:
 
 def problem(*, status: int, detail: str, instance: str, problem_type: str = "about:blank",
             errors: list[FieldIssue] | None = None,
-            headers: Mapping[str, str] | None = None) -> JSONResponse:
-    body: dict[str, Any] = {
+            headers: Mapping[str, str] | None = None,
+            extensions: Mapping[str, Any] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {**(extensions or {}),
         "type": problem_type,
         "title": HTTPStatus(status).phrase,
         "status": status,
@@ -146,9 +175,16 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, ApiError):
             return problem(status=exc.status_code, detail=str(exc.detail),
                            instance=request.url.path, problem_type=exc.problem_type,
-                           errors=exc.errors or None, headers=exc.headers)
+                           errors=exc.errors or None, headers=exc.headers,
+                           extensions=exc.extensions)
         return problem(status=exc.status_code, detail=str(exc.detail),
                        instance=request.url.path, headers=exc.headers)
+
+    async def on_quota(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, QuotaExceeded)
+        return problem(status=429, detail=str(exc), instance=request.url.path,
+                       problem_type=TooManyRequests.problem_type,
+                       extensions={"quota": exc.quota, "limit": exc.limit})
 
     async def on_unhandled(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the server log, never to the client.
@@ -160,5 +196,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(IllegalTransition, on_illegal_transition)
     app.add_exception_handler(JobNotFound, on_job_not_found)
+    app.add_exception_handler(QuotaExceeded, on_quota)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unhandled)

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the request-body limit and HTTP request metrics.
+"""Pure ASGI middleware: the request-body limit, HTTP request metrics, the Host check.
 
 Pure ASGI (not BaseHTTPMiddleware) so a streamed body is counted chunk by chunk as the app
 reads it: a chunked upload without Content-Length is cut off at the limit, not buffered.
@@ -7,6 +7,7 @@ reads it: a chunked upload without Content-Length is cut off at the limit, not b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -106,3 +107,45 @@ def _route_template(scope: Scope) -> str:
     route: Any = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "<unmatched>"
+
+
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class HostCheckMiddleware:
+    """Answers only requests whose Host header is one this server is known by.
+
+    A page on an attacker's domain that re-resolves that domain to 127.0.0.1 (DNS rebinding)
+    reaches a loopback server with the attacker's name in Host; refusing unknown names keeps
+    such a page from reading the API or the dashboard. Loopback names always pass; probes and
+    metrics (which name no job or user) pass whatever the Host, for kubelet and scrapers.
+    """
+
+    def __init__(self, app: ASGIApp, *, allowed: Callable[[str], bool]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        host = _host_name(scope)
+        if host is not None and self.allowed(host):
+            await self.app(scope, receive, send)
+            return
+        response = problem(status=400, instance=scope.get("path", ""),
+                           problem_type="urn:meshyard:problem:host-not-allowed",
+                           detail=f"this server does not answer for host {host!r}; an operator "
+                           "adds the name it is reached by to MESHYARD_ALLOWED_HOSTS",
+                           extensions={"setting": "MESHYARD_ALLOWED_HOSTS"})
+        await response(scope, receive, send)
+
+
+def _host_name(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"host":
+            text = value.decode("latin-1").strip()
+            if text.startswith("["):  # [::1]:8470
+                return text[1:text.find("]")] if "]" in text else None
+            return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+    return None

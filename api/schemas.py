@@ -177,6 +177,45 @@ class Topology(_Out):
     nodes: list[NodeTopology]
 
 
+class TokenInfo(_Out):
+    id: int = Field(description="Pass to DELETE /v1/tokens/{id} to revoke it.")
+    user: str
+    label: str
+    created_at: datetime
+    revoked: bool
+
+
+class TokenCreated(TokenInfo):
+    token: str = Field(description="The token itself; shown once, only its digest is kept.")
+    role: str = Field(description="The user's role: admin, user or viewer.")
+
+
+class TokenList(_Out):
+    items: list[TokenInfo]
+
+
+class UserInfo(_Out):
+    name: str
+    role: str
+    created_at: datetime
+
+
+class UserList(_Out):
+    items: list[UserInfo]
+
+
+class QuotaInfo(_Out):
+    """Effective limits (null: unlimited), and which of them were set for this user."""
+
+    user: str
+    max_queued_jobs: int | None
+    max_running_gpus: int | None
+    max_running_cpus: float | None
+    max_priority: int | None
+    explicit: list[str] = Field(description="Limits set for this user; the others are the "
+                                "server's defaults (or unlimited, for admins).")
+
+
 class Health(_Out):
     status: Literal["ok"]
 

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from sqlalchemy.engine import make_url
 
 from api.app import Runtime, create_app
 from api.client import ADMIN_TOKEN_FILE, SERVER_FILE, MeshyardAPIError, MeshyardClient
@@ -49,9 +50,33 @@ def write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
+def _sqlite_files(url: str) -> list[Path]:
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
+        return []
+    db = Path(str(u.database))
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
+
+def tighten_private_files(settings: Settings) -> None:
+    """The data dir 0700; the SQLite database (with its WAL and shared-memory files) and
+    admin.token 0600 — on every start, so a mode loosened by hand or by a copy is fixed."""
+    for path, mode in [(settings.data_dir, 0o700),
+                       *((p, 0o600) for p in _sqlite_files(settings.resolved_database_url)),
+                       (settings.data_dir / ADMIN_TOKEN_FILE, 0o600)]:
+        try:
+            path.chmod(mode)
+        except FileNotFoundError:
+            continue
+        except PermissionError:  # a mount point owned by root (a Kubernetes emptyDir)
+            log.warning("cannot make %s private (mode %o): not its owner", path, mode)
+
+
 def prepare(settings: Settings) -> Prepared:
-    """Creates the data dir, applies migrations and makes sure an admin exists."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    """Creates the data dir (and its datasets/, the default data root), applies migrations,
+    makes sure an admin exists and keeps the private files private."""
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.datasets_dir.mkdir(exist_ok=True)
     url = settings.resolved_database_url
     upgrade_database(url)
     store = Store(make_engine(url))
@@ -59,6 +84,7 @@ def prepare(settings: Settings) -> Prepared:
     token_file = settings.data_dir / ADMIN_TOKEN_FILE
     if created and not settings.admin_token:
         write_private(token_file, created + "\n")
+    tighten_private_files(settings)
     known = settings.admin_token or created or _read(token_file)
     return Prepared(store=store, admin_token=known,
                     created_admin_token=created if not settings.admin_token else None)
@@ -136,9 +162,10 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
     app = create_app(settings, store=prepared.store,
                      runtime=build_runtime(settings, prepared.store))
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=access_log,
-                                           timeout_graceful_shutdown=10))
+                                           timeout_graceful_shutdown=10,
+                                           proxy_headers=False))  # the app applies them
     server_file = settings.data_dir / SERVER_FILE
-    server_file.write_text(json.dumps({"url": url, "pid": os.getpid(), "port": port}) + "\n")
+    write_private(server_file, json.dumps({"url": url, "pid": os.getpid(), "port": port}) + "\n")
     if demo:
         # No token at hand (admin made earlier, token file deleted): mint one for the demo.
         token = prepared.admin_token or prepared.store.create_token("admin", admin=True,

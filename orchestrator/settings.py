@@ -1,12 +1,24 @@
-"""Settings: one cached `get_settings()` (pydantic-settings, env prefix MESHYARD_)."""
+"""Settings: one cached `get_settings()` (pydantic-settings, env prefix MESHYARD_).
+
+List settings read from the environment as comma-separated values
+(`MESHYARD_ALLOWED_HOSTS=meshyard.example.com,10.0.0.5`) or as JSON lists.
+"""
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from orchestrator.access import Policy, Role
+from orchestrator.quotas import Quota
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+CommaList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -31,6 +43,55 @@ class Settings(BaseSettings):
         description="Pre-started worker actors per CPU node, reused across jobs (0 = off).",
     )
 
+    # -- deployment policy: which code and data a job may use ------------------------------
+    code_roles: CommaList = Field(
+        default=["admin", "user"],
+        description="Roles whose jobs may run imported code (model.kind: import).")
+    allowed_import_prefixes: CommaList = Field(
+        default=[], description="Module prefixes model.path may import from; empty: any.")
+    data_roots: CommaList = Field(
+        default=[], description="Directories data.path must lie under; empty: "
+        "<data dir>/datasets.")
+
+    # -- quotas for non-admin users without their own (`meshyard quota set`) ---------------
+    default_max_queued_jobs: int | None = Field(default=100, ge=0)
+    default_max_running_gpus: int | None = Field(default=None, ge=0)
+    default_max_running_cpus: float | None = Field(default=None, ge=0)
+    default_max_priority: int = Field(default=0, ge=-1000, le=1000)
+
+    # -- HTTP: sessions, streams, hosts, proxies --------------------------------------------
+    session_ttl_s: float = Field(default=12 * 3600, gt=0, le=30 * 86400,
+                                 description="Dashboard sessions end this long after login.")
+    max_streams_per_user: int = Field(default=8, ge=1, le=1000,
+                                      description="Concurrent log follows per user.")
+    allowed_hosts: CommaList = Field(
+        default=[], description="Host header values the API answers besides the loopback "
+        "names (DNS rebinding); '*' answers any.")
+    trusted_proxies: CommaList = Field(
+        default=["127.0.0.1"], description="Proxies whose X-Forwarded-Proto/For are believed "
+        "(TLS termination: the session cookie is then Secure).")
+    api_docs: bool = Field(default=False, description="Serve /docs and /redoc (the "
+                           "OpenAPI schema at /openapi.json is always served).")
+
+    @field_validator("code_roles", "allowed_import_prefixes", "data_roots", "allowed_hosts",
+                     "trusted_proxies", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("code_roles")
+    @classmethod
+    def _roles(cls, value: list[str]) -> list[str]:
+        unknown = [r for r in value if r not in {x.value for x in Role}]
+        if unknown:
+            raise ValueError(f"unknown role(s) {unknown}; roles are admin, user, viewer")
+        return value
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -40,6 +101,29 @@ class Settings(BaseSettings):
     @property
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
+
+    def policy(self) -> Policy:
+        roots = self.data_roots or [str(self.datasets_dir)]
+        return Policy(code_roles=frozenset(Role(r) for r in self.code_roles),
+                      import_prefixes=tuple(self.allowed_import_prefixes),
+                      data_roots=tuple(str(Path(r).resolve()) for r in roots))
+
+    def quota_defaults(self) -> Quota:
+        return Quota(max_queued_jobs=self.default_max_queued_jobs,
+                     max_running_gpus=self.default_max_running_gpus,
+                     max_running_cpus=self.default_max_running_cpus,
+                     max_priority=self.default_max_priority)
+
+    def host_allowed(self, host: str) -> bool:
+        """`host` is the Host header's name (no port). Loopback names always pass."""
+        name = host.strip("[]").lower()
+        return name in LOOPBACK_HOSTS or "*" in self.allowed_hosts or \
+            name in (h.strip("[]").lower() for h in self.allowed_hosts) or \
+            (self.host not in ("0.0.0.0", "::", "") and name == self.host.strip("[]").lower())
 
 
 @lru_cache(maxsize=1)

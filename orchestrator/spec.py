@@ -17,12 +17,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
+from orchestrator import limits as lim
+from orchestrator.limits import divisors
+
 SPEC_VERSION = 1
+# Names land in the database and in log lines: no NUL or other control characters.
+PRINTABLE_RE = r"^[^\x00-\x1f\x7f]+$"
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False,
+                              allow_inf_nan=False)
 
 
 class Device(StrEnum):
@@ -71,6 +77,7 @@ class WatchdogAction(StrEnum):
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
+Degree = Annotated[int, Field(ge=1, le=lim.MAX_WORLD_SIZE)]
 
 
 class Resources(_Frozen):
@@ -95,12 +102,12 @@ class Resources(_Frozen):
 
 
 class Parallelism(_Frozen):
-    tp: PositiveInt = Field(default=1, description="Tensor-parallel degree (fastest-varying).")
-    pp: PositiveInt = Field(default=1, description="Pipeline-parallel degree (slowest-varying).")
-    dp_shard: PositiveInt = Field(
+    tp: Degree = Field(default=1, description="Tensor-parallel degree (fastest-varying).")
+    pp: Degree = Field(default=1, description="Pipeline-parallel degree (slowest-varying).")
+    dp_shard: Degree = Field(
         default=1, description="Sharded data-parallel degree (FSDP / ZeRO group size)."
     )
-    dp_replicate: PositiveInt = Field(
+    dp_replicate: Degree = Field(
         default=1, description="Replicated data-parallel degree (DDP, or the HSDP replica count)."
     )
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
@@ -114,10 +121,12 @@ class Parallelism(_Frozen):
         description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b.",
     )
     pp_microbatches: PositiveInt = Field(
-        default=1, description="Microbatches per pipeline step; must divide micro_batch_size."
+        default=1, le=lim.MAX_BATCH,
+        description="Microbatches per pipeline step; must divide micro_batch_size."
     )
     pp_virtual_stages: PositiveInt = Field(
-        default=1, description="Model chunks per pipeline rank (>1 only with interleaved_1f1b)."
+        default=1, le=lim.MAX_LAYERS,
+        description="Model chunks per pipeline rank (>1 only with interleaved_1f1b)."
     )
     sequence_parallel: bool = Field(
         default=False, description="Shard norms and dropout along the sequence dimension in TP."
@@ -131,11 +140,12 @@ class Parallelism(_Frozen):
         "activation checkpointing at submit time (`parallelism: auto` is short for "
         "{auto: true}); the server stores the resolved spec and records the plan as an event.",
     )
-    auto_gpus: PositiveInt | None = Field(
+    auto_gpus: Degree | None = Field(
         default=None, description="With auto: GPUs to plan for (default: every free GPU)."
     )
     auto_global_batch: PositiveInt | None = Field(
-        default=None, description="With auto: sequences per optimizer step (default: "
+        default=None, le=lim.MAX_BATCH,
+        description="With auto: sequences per optimizer step (default: "
         "training.micro_batch_size * grad_accum_steps per planned GPU)."
     )
 
@@ -162,8 +172,9 @@ class PlacementConstraints(_Frozen):
         default=ConstraintMode.REQUIRED,
         description="required: wait rather than violate tp_within. preferred: best effort.",
     )
-    avoid_nodes: tuple[str, ...] = Field(
-        default=(), description="Node names or ids never to place this job on."
+    avoid_nodes: tuple[Annotated[str, Field(max_length=lim.MAX_NAME_CHARS)], ...] = Field(
+        default=(), max_length=lim.MAX_CLUSTER_NODES,
+        description="Node names or ids never to place this job on."
     )
     timeout_s: float = Field(
         default=300.0, gt=0, le=86400,
@@ -173,14 +184,14 @@ class PlacementConstraints(_Frozen):
 
 class GPTModel(_Frozen):
     kind: Literal["gpt"] = Field(default="gpt", description="Built-in decoder-only transformer.")
-    n_layers: PositiveInt = Field(default=4, le=1024, description="Transformer blocks.")
+    n_layers: PositiveInt = Field(default=4, le=lim.MAX_LAYERS, description="Transformer blocks.")
     n_heads: PositiveInt = Field(default=4, le=1024, description="Attention heads.")
-    d_model: PositiveInt = Field(default=128, le=65536, description="Hidden size.")
+    d_model: PositiveInt = Field(default=128, le=lim.MAX_HIDDEN, description="Hidden size.")
     d_ff: int | None = Field(
-        default=None, ge=1, description="MLP inner size; defaults to 4 * d_model."
+        default=None, ge=1, le=lim.MAX_FFN, description="MLP inner size; defaults to 4 * d_model."
     )
-    vocab_size: PositiveInt = Field(default=256, le=1_048_576, description="Vocabulary size.")
-    seq_len: PositiveInt = Field(default=64, le=1_048_576, description="Sequence length.")
+    vocab_size: PositiveInt = Field(default=256, le=lim.MAX_VOCAB, description="Vocabulary size.")
+    seq_len: PositiveInt = Field(default=64, le=lim.MAX_SEQ_LEN, description="Sequence length.")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
 
     @property
@@ -195,8 +206,10 @@ class ImportModel(_Frozen):
         pattern=IMPORT_PATH_RE.pattern,
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword args for build().")
-    vocab_size: PositiveInt = Field(default=256, description="Vocabulary size the model expects.")
-    seq_len: PositiveInt = Field(default=64, description="Sequence length the model expects.")
+    vocab_size: PositiveInt = Field(default=256, le=lim.MAX_VOCAB,
+                                    description="Vocabulary size the model expects.")
+    seq_len: PositiveInt = Field(default=64, le=lim.MAX_SEQ_LEN,
+                                 description="Sequence length the model expects.")
 
 
 class SyntheticData(_Frozen):
@@ -205,7 +218,9 @@ class SyntheticData(_Frozen):
 
 class TextFileData(_Frozen):
     kind: Literal["text_file"] = Field(description="A local text file read as bytes (vocab 256).")
-    path: str = Field(min_length=1, description="Path readable by every worker.")
+    path: str = Field(min_length=1, max_length=4096, pattern=PRINTABLE_RE,
+                      description="Path readable by every worker, under one of the server's "
+                      "data roots (default: <data dir>/datasets).")
 
 
 class DDPOptions(_Frozen):
@@ -213,27 +228,31 @@ class DDPOptions(_Frozen):
     comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
     powersgd_rank: PositiveInt = Field(default=1, le=64, description="PowerSGD matrix rank.")
     powersgd_start_iter: int = Field(
-        default=2, ge=1, description="PowerSGD warm start: plain all-reduce before this iteration."
+        default=2, ge=1, le=lim.MAX_STEPS,
+        description="PowerSGD warm start: plain all-reduce before this iteration."
     )
 
 
 class Training(_Frozen):
-    steps: PositiveInt = Field(default=100, le=100_000_000, description="Optimizer steps.")
+    steps: PositiveInt = Field(default=100, le=lim.MAX_STEPS, description="Optimizer steps.")
     micro_batch_size: PositiveInt = Field(
-        default=8, description="Sequences per DP rank per micro-step."
+        default=8, le=lim.MAX_BATCH, description="Sequences per DP rank per micro-step."
     )
-    grad_accum_steps: PositiveInt = Field(default=1, description="Micro-steps per optimizer step.")
+    grad_accum_steps: PositiveInt = Field(default=1, le=lim.MAX_ACCUM_STEPS,
+                                          description="Micro-steps per optimizer step.")
     optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="Optimizer.")
     lr: float = Field(default=3e-3, gt=0, le=10, description="Learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="Weight decay.")
-    grad_clip: float | None = Field(default=1.0, gt=0, description="Max grad norm; null disables.")
-    seed: int = Field(default=0, ge=0, description="Seed for model init and data.")
+    grad_clip: float | None = Field(default=1.0, gt=0, le=1e9,
+                                    description="Max grad norm; null disables.")
+    seed: int = Field(default=0, ge=0, le=lim.MAX_SEED, description="Seed for model init and data.")
     ddp: DDPOptions = Field(default_factory=DDPOptions, description="DDP options.")
 
 
 class Checkpointing(_Frozen):
     enabled: bool = Field(default=True, description="Save distributed checkpoints.")
-    every_steps: PositiveInt = Field(default=50, description="Save every N steps.")
+    every_steps: PositiveInt = Field(default=50, le=lim.MAX_STEPS,
+        description="Save every N steps.")
     keep: PositiveInt = Field(default=2, le=1000, description="Checkpoints kept on disk.")
     async_save: bool = Field(default=True, description="Async save where the backend allows.")
 
@@ -279,17 +298,20 @@ class Debug(_Frozen):
 
 class InjectFault(_Frozen):
     kind: FaultKind = Field(description="Fault to inject (test and demo use only).")
-    rank: int = Field(ge=0, description="Global rank that misbehaves.")
-    step: int = Field(default=1, ge=0, description="Step at which the fault fires.")
+    rank: int = Field(ge=0, lt=lim.MAX_WORLD_SIZE, description="Global rank that misbehaves.")
+    step: int = Field(default=1, ge=0, le=lim.MAX_STEPS,
+        description="Step at which the fault fires.")
     seconds: float = Field(default=1.0, ge=0, le=3600, description="Sleep per step for `slow`.")
     attempt: int | None = Field(
-        default=1, ge=1, description="Only inject in this attempt number (null: every attempt)."
+        default=1, ge=1, le=1001,
+        description="Only inject in this attempt number (null: every attempt).",
     )
 
 
 class JobSpec(_Frozen):
     version: Literal[1] = Field(default=SPEC_VERSION, description="JobSpec schema version.")
-    name: str = Field(min_length=1, max_length=200, description="Human-readable job name.")
+    name: str = Field(min_length=1, max_length=lim.MAX_NAME_CHARS, pattern=PRINTABLE_RE,
+                      description="Human-readable job name (no control characters).")
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher is scheduled first.")
     resources: Resources = Field(default_factory=Resources, description="Per-worker resources.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel degrees.")
@@ -362,10 +384,6 @@ class SpecValidationError(ValueError):
         super().__init__("; ".join(f"{i.loc}: {i.msg}" for i in issues))
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _model_issues(spec: JobSpec) -> list[FieldIssue]:
     p, m = spec.parallelism, spec.model
     out: list[FieldIssue] = []
@@ -373,19 +391,19 @@ def _model_issues(spec: JobSpec) -> list[FieldIssue]:
         return out
     if m.d_model % m.n_heads:
         out.append(FieldIssue("model.d_model", f"d_model={m.d_model} is not divisible by "
-                              f"n_heads={m.n_heads}; pick n_heads in {_divisors(m.d_model)[:12]}"))
+                              f"n_heads={m.n_heads}; pick n_heads in {divisors(m.d_model)[:12]}"))
     if m.n_heads % p.tp:
         out.append(FieldIssue("parallelism.tp", f"tp={p.tp} does not divide model.n_heads="
-                              f"{m.n_heads}; choose tp in {_divisors(m.n_heads)}"))
+                              f"{m.n_heads}; choose tp in {divisors(m.n_heads)}"))
     if m.ffn_dim % p.tp:
         out.append(FieldIssue("parallelism.tp", f"tp={p.tp} does not divide the MLP size "
-                              f"{m.ffn_dim}; choose tp in {_divisors(m.ffn_dim)[:12]}"))
+                              f"{m.ffn_dim}; choose tp in {divisors(m.ffn_dim)[:12]}"))
     stages = p.pp * p.pp_virtual_stages
     if m.n_layers % stages:
         out.append(FieldIssue("parallelism.pp", f"pp={p.pp} x pp_virtual_stages="
                               f"{p.pp_virtual_stages} = {stages} stages does not divide "
                               f"model.n_layers={m.n_layers}; use a stage count in "
-                              f"{_divisors(m.n_layers)}"))
+                              f"{divisors(m.n_layers)}"))
     if p.sequence_parallel and p.tp > 1 and m.seq_len % p.tp:
         out.append(FieldIssue("parallelism.sequence_parallel", f"sequence parallel needs tp={p.tp}"
                               f" to divide model.seq_len={m.seq_len}"))
@@ -402,7 +420,7 @@ def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
     if t.micro_batch_size % p.pp_microbatches:
         out.append(FieldIssue("parallelism.pp_microbatches", f"pp_microbatches={p.pp_microbatches}"
                               f" does not divide training.micro_batch_size={t.micro_batch_size}; "
-                              f"choose one of {_divisors(t.micro_batch_size)}"))
+                              f"choose one of {divisors(t.micro_batch_size)}"))
     if p.pp == 1 and (p.pp_microbatches > 1 or p.pp_virtual_stages > 1):
         out.append(FieldIssue("parallelism.pp", "pp_microbatches / pp_virtual_stages need pp > 1;"
                               " set pp or drop them"))
@@ -449,8 +467,23 @@ def _other_issues(spec: JobSpec) -> list[FieldIssue]:
     return out
 
 
+def _size_issues(spec: JobSpec) -> list[FieldIssue]:
+    p = spec.parallelism
+    if p.world_size > lim.MAX_WORLD_SIZE:
+        return [FieldIssue("parallelism", f"tp*pp*dp_shard*dp_replicate = {p.world_size} ranks; "
+                           f"a job has at most {lim.MAX_WORLD_SIZE}, lower the degrees")]
+    if spec.global_batch_size > lim.MAX_BATCH:
+        return [FieldIssue("training.micro_batch_size", "micro_batch_size * grad_accum_steps * "
+                           f"dp = {spec.global_batch_size} sequences per step; at most "
+                           f"{lim.MAX_BATCH}, lower one of them")]
+    return []
+
+
 def cross_checks(spec: JobSpec) -> list[FieldIssue]:
     """Checks that span fields. Returns every issue (empty when the spec can run)."""
+    size = _size_issues(spec)
+    if size:
+        return size  # the other checks assume a job of a size that can exist
     return _model_issues(spec) + _parallel_issues(spec) + _other_issues(spec)
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import ray
 
 from workers.assignment import RankAssignment, RankResult, WorkerPoll, WorkerState
-from workers.logcapture import LogCapture
+from workers.logcapture import LogCapture, private_opener
 
 _MAX_BUFFERED_LOGS = 20_000
 _MAX_BUFFERED_METRICS = 100_000
@@ -98,7 +98,7 @@ class _ActorCallbacks:
 
     def on_log(self, level: str, message: str) -> None:
         self._buf.log("log", f"{level} {message}")
-        with open(self._log_file, "a") as f:
+        with open(self._log_file, "a", opener=private_opener) as f:
             f.write(f"{time.strftime('%H:%M:%S')} {level} {message}\n")
 
 

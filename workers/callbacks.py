@@ -27,6 +27,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from workers.logcapture import private_opener
+
 
 class Phase(StrEnum):
     SETUP = "setup"
@@ -115,8 +117,10 @@ class FileCallbacks:
         (out / "heartbeats").mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(parents=True, exist_ok=True)
         self._hb_path = out / "heartbeats" / f"rank_{rank}.json"
-        self._log = open(out / "logs" / f"rank_{rank}.log", "a", buffering=1)  # noqa: SIM115
-        self._metrics = open(out / "metrics.jsonl", "a", buffering=1) if rank == 0 else None  # noqa: SIM115
+        self._log = open(out / "logs" / f"rank_{rank}.log", "a", buffering=1,  # noqa: SIM115
+                         opener=private_opener)
+        self._metrics = open(out / "metrics.jsonl", "a", buffering=1,  # noqa: SIM115
+                             opener=private_opener) if rank == 0 else None
         self._lock = threading.Lock()
 
     def on_step(self, metrics: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Per-rank stdout / stderr capture at the file-descriptor level.
 
 Why descriptors and not sys.stdout: gloo, NCCL and other C++ code write to fd 1 / 2 directly.
-The files are the durable copy (under the run dir); a tail thread also hands each complete
-line to `sink(stream, line)` so the controller can forward logs to the control plane.
+The files are the durable copy (under the run dir, mode 0600); a tail thread also hands each
+complete line to `sink(stream, line)` so the controller can forward logs to the control plane.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from pathlib import Path
 
 _TAIL_INTERVAL_S = 0.2
 _MAX_LINE = 8192
+
+
+def private_opener(path: str, flags: int) -> int:
+    """`open(..., opener=private_opener)`: a new file readable by its owner only (0600); run
+    logs carry a job's output, which other users of the machine have no business reading."""
+    return os.open(path, flags, 0o600)
 
 
 class LogCapture:
@@ -35,7 +41,7 @@ class LogCapture:
             path = self._paths[stream]
             path.parent.mkdir(parents=True, exist_ok=True)
             self._offsets[stream] = path.stat().st_size if path.exists() else 0
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._saved[fd] = os.dup(fd)
             os.dup2(target, fd)
             os.close(target)

@@ -1,6 +1,7 @@
 """`meshyard` console script. Each module below registers its commands on the root app."""
 
 from api.cli import (  # noqa: F401  (each import registers its commands)
+    access_cmds,
     diag_cmds,
     job_cmds,
     log_cmds,
@@ -8,6 +9,7 @@ from api.cli import (  # noqa: F401  (each import registers its commands)
     plan_cmds,
     server_cmds,
     spec_cmds,
+    token_cmds,
     topo_cmds,
 )
 from api.cli.app import app

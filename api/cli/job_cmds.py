@@ -7,43 +7,16 @@ Server and token: --url/--token, else MESHYARD_URL/MESHYARD_TOKEN, else the data
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import httpx
 import typer
-from pydantic import BaseModel
 
 from api.cli.app import app
-from api.cli.common import DataDirOpt
-from api.client import MeshyardAPIError, MeshyardClient
+from api.cli.common import DataDirOpt, JsonOpt, TokenOpt, UrlOpt
+from api.cli.common import print_json as _print_json
+from api.cli.common import run_client as _run
 from api.schemas import Event, JobSummary
-
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Server URL [env MESHYARD_URL].")]
-TokenOpt = Annotated[str | None, typer.Option("--token", help="API token [env MESHYARD_TOKEN].")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-def _run(url: str | None, token: str | None, data_dir: Path | None,
-         action: Callable[[MeshyardClient], Any]) -> Any:
-    """Runs one client call; API errors and unreachable servers become a message + exit code."""
-    with MeshyardClient.connect(url=url, token=token, data_dir=data_dir) as client:
-        try:
-            return action(client)
-        except MeshyardAPIError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(1) from None
-        except httpx.TransportError as exc:
-            typer.echo(f"cannot reach the server at {client.base_url}: {exc}", err=True)
-            raise typer.Exit(2) from None
-
-
-def _print_json(model: BaseModel | list[Any]) -> None:
-    if isinstance(model, list):
-        typer.echo(json.dumps([m.model_dump(mode="json") for m in model], indent=2))
-    else:
-        typer.echo(model.model_dump_json(indent=2))
 
 
 def _job_line(job: JobSummary) -> str:

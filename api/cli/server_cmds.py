@@ -1,4 +1,4 @@
-"""`meshyard serve`, `meshyard db upgrade`, `meshyard token create` (server-side commands)."""
+"""`meshyard serve` and `meshyard db upgrade` (server-side commands)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from api.cli.app import app
 from api.cli.common import DatabaseUrlOpt, DataDirOpt, settings_from
 
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
-token_app = typer.Typer(no_args_is_help=True, help="API tokens.")
 app.add_typer(db_app, name="db")
-app.add_typer(token_app, name="token")
 
 
 @app.command("serve")
@@ -52,52 +50,3 @@ def db_upgrade(data_dir: DataDirOpt = None, database_url: DatabaseUrlOpt = None)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade_database(settings.resolved_database_url)
     typer.echo("database at head")
-
-
-@token_app.command("create")
-def token_create(
-    user: Annotated[str, typer.Option("--user", help="User name (created if missing).")],
-    admin: Annotated[bool, typer.Option("--admin", help="Give the user the admin role.")]
-    = False,
-    label: Annotated[str, typer.Option(help="Note stored with the token.")] = "",
-    data_dir: DataDirOpt = None,
-    database_url: DatabaseUrlOpt = None,
-) -> None:
-    """Create an API token (works on the database directly; prints the token once)."""
-    from orchestrator.store.db import make_engine, upgrade_database
-    from orchestrator.store.repo import Store
-
-    settings = settings_from(data_dir=data_dir, database_url=database_url)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    url = settings.resolved_database_url
-    upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        typer.echo(Store(engine).create_token(user, admin=admin, label=label))
-    finally:
-        engine.dispose()
-
-
-@token_app.command("revoke")
-def token_revoke(
-    user: Annotated[str, typer.Option("--user", help="Whose tokens to revoke.")],
-    token: Annotated[str | None, typer.Option(
-        help="Revoke only this token (default: every token of the user).")] = None,
-    data_dir: DataDirOpt = None,
-    database_url: DatabaseUrlOpt = None,
-) -> None:
-    """Revoke API tokens (works on the database directly). Running servers stop accepting
-    them within their 5 s token cache."""
-    from orchestrator.store.db import make_engine
-    from orchestrator.store.repo import Store
-
-    settings = settings_from(data_dir=data_dir, database_url=database_url)
-    engine = make_engine(settings.resolved_database_url)
-    try:
-        n = Store(engine).revoke_tokens(user, token=token)
-    except LookupError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    finally:
-        engine.dispose()
-    typer.echo(f"revoked {n} token(s) of {user}")

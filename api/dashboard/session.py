@@ -1,13 +1,16 @@
-"""The dashboard's browser session: the token cookie and the CSRF check that guards it.
+"""The dashboard's browser session: the session cookie and the CSRF check that guards it.
 
-The login form stores the API token in an HttpOnly, SameSite=Strict cookie, so page scripts
-never see it and no URL ever carries it. Because a browser attaches cookies by itself, a
-request authenticated by the cookie (not by an `Authorization` header) that changes state must
-also prove it came from our own page:
+Logging in with an API token opens a server-side session (orchestrator/store/sessions.py); the
+HttpOnly, SameSite=Strict cookie holds only that session's random secret, never the API token,
+so a stolen cookie is not a token, logout ends it for good (the row is deleted), and it expires
+(`session_ttl_s`). The cookie is Secure when the request came over HTTPS (directly, or through
+a trusted proxy that says so in X-Forwarded-Proto). Because a browser attaches cookies by
+itself, a request authenticated by the cookie (not by an `Authorization` header) that changes
+state must also prove it came from our own page:
 
-  * `X-CSRF-Token` must equal `csrf_token(token)`, an HMAC of the session token that the server
-    prints into each page it renders (a cross-site page cannot read it, and cannot compute it
-    without the token), and
+  * `X-CSRF-Token` must equal `csrf_token(secret)`, an HMAC of the session secret that the
+    server prints into each page it renders (a cross-site page cannot read it, and cannot
+    compute it without the secret), and
   * an `Origin` header, when the browser sends one, must be this server's own origin.
 
 SameSite=Strict already keeps the cookie off cross-site requests; these checks are the second
@@ -25,17 +28,18 @@ COOKIE_NAME = "meshyard_session"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"  # the hidden form field on HTML forms (logout)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-COOKIE_MAX_AGE_S = 12 * 3600
+MAX_COOKIE_CHARS = 200
 
 
-def cookie_token(conn: HTTPConnection) -> str | None:
+def cookie_session(conn: HTTPConnection) -> str | None:
+    """The session secret the browser sent, if any (bounded: it is hashed per request)."""
     value = conn.cookies.get(COOKIE_NAME, "").strip()
-    return value or None
+    return value if value and len(value) <= MAX_COOKIE_CHARS else None
 
 
-def csrf_token(session_token: str) -> str:
-    """Deterministic per session: `csrf_token(t) == csrf_token(t)`, unguessable without t."""
-    return hmac.new(session_token.encode(), b"meshyard-dashboard-csrf",
+def csrf_token(session_secret: str) -> str:
+    """Deterministic per session: `csrf_token(s) == csrf_token(s)`, unguessable without s."""
+    return hmac.new(session_secret.encode(), b"meshyard-dashboard-csrf",
                     hashlib.sha256).hexdigest()
 
 
@@ -52,7 +56,7 @@ def origin_ok(conn: HTTPConnection) -> bool:
     return origin == own_origin(conn)
 
 
-def csrf_problem(conn: HTTPConnection, session_token: str, *,
+def csrf_problem(conn: HTTPConnection, session_secret: str, *,
                  submitted: str | None = None) -> str | None:
     """Why a cookie-authenticated state change is refused, or None when it may proceed.
 
@@ -64,7 +68,7 @@ def csrf_problem(conn: HTTPConnection, session_token: str, *,
     if not origin_ok(conn):
         return f"cross-origin request from {conn.headers.get('origin')!r} refused"
     given = submitted if submitted is not None else conn.headers.get(CSRF_HEADER, "")
-    if not given or not hmac.compare_digest(given, csrf_token(session_token)):
+    if not given or not hmac.compare_digest(given, csrf_token(session_secret)):
         return ("missing or wrong CSRF token; send the page's csrf token in the "
                 "X-CSRF-Token header (or use an Authorization: Bearer header)")
     return None

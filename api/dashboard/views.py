@@ -239,7 +239,7 @@ def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[HeldGpu]]], *,
     """(node, gpu) -> who holds it, from what the active jobs hold (`placement.holds`)."""
     out: dict[tuple[str, int], GpuUse] = {}
     for job, held in jobs:
-        visible = viewer.is_admin or job.owner == viewer.name
+        visible = viewer.sees_all_jobs or job.owner == viewer.name
         for r in held:
             if r.node is None or r.gpu is None:
                 continue

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from api.deps import JobDep, StoreDep
+from api.params import After, AttemptQuery, RankQuery, StepQuery
 from api.responses import model_response
 from api.schemas import (
     Attempt,
@@ -25,7 +26,6 @@ from api.schemas import (
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
 
-After = Annotated[int, Query(ge=0, description="Only items with id > after (poll cursor).")]
 
 
 @router.get("/events", operation_id="listJobEvents", response_model=EventList)
@@ -43,16 +43,14 @@ def list_attempts(job: JobDep, store: StoreDep) -> Response:
 
 @router.get("/ranks", operation_id="listJobRanks", response_model=RankList)
 def list_ranks(job: JobDep, store: StoreDep,
-               attempt: Annotated[int | None, Query(ge=1, description="Default: current.")]
-               = None) -> Response:
+               attempt: AttemptQuery = None) -> Response:
     ranks = store.list_ranks(job.id, attempt=attempt)
     return model_response(RankList(items=[Rank.model_validate(r) for r in ranks]))
 
 
 @router.get("/metrics", operation_id="listJobMetrics", response_model=MetricList)
 def list_metrics(job: JobDep, store: StoreDep,
-                 rank: Annotated[int | None, Query(ge=0)] = None,
-                 after_step: Annotated[int | None, Query(ge=-1)] = None,
+                 rank: RankQuery = None, after_step: StepQuery = None,
                  limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Response:
     points = store.list_metrics(job.id, rank=rank, after_step=after_step, limit=limit)
     return model_response(MetricList(items=[MetricPoint.model_validate(p) for p in points]))
@@ -60,7 +58,7 @@ def list_metrics(job: JobDep, store: StoreDep,
 
 @router.get("/logs", operation_id="listJobLogs", response_model=LogList)
 def list_logs(job: JobDep, store: StoreDep, after: After = 0,
-              rank: Annotated[int | None, Query(ge=0)] = None,
+              rank: RankQuery = None,
               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
               tail: Annotated[int | None, Query(ge=1, le=10_000,
                                                 description="Only the last N lines.")] = None,

@@ -15,15 +15,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from api.admission import admission_issues
-from api.deps import JobDep, SettingsDep, StoreDep, UserDep
+from api.admission import admit, check_policy
+from api.deps import JobDep, SettingsDep, StoreDep, UserDep, WriterDep
 from api.errors import ApiError, Unprocessable
+from api.params import text_query
 from api.responses import model_response
 from api.routes.plans import record_plan, resolve_submitted, same_submission
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
 from orchestrator.documents import parse_document
 from orchestrator.lifecycle import JobState
-from orchestrator.spec import FieldIssue, SpecValidationError, parse_spec
+from orchestrator.spec import FieldIssue, parse_spec
 from orchestrator.store.jobs import BadCursor
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -98,18 +99,21 @@ def split_submission(data: Any, *, header_key: str | None) -> tuple[Any, str | N
              openapi_extra=SUBMIT_BODY_DOC,
              responses={200: {"model": SubmitResult, "description": "Retry of an earlier "
                                                                    "submission."}})
-def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: UserDep, store: StoreDep,
+def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: WriterDep, store: StoreDep,
                settings: SettingsDep, request: Request,
                idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
                ) -> Response:
+    """Checks in order: the document, the spec, the deployment policy (api/admission.py),
+    `parallelism: auto`, cluster fit, quotas; then stores the job."""
     data = parse_document(body.text, yaml_body=body.yaml)
     spec_data, submission_id = split_submission(data, header_key=idempotency_key)
     submitted = parse_spec(spec_data)
+    check_policy(submitted, user=user, settings=settings)
     spec, planned = resolve_submitted(submitted, store=store, settings=settings)  # auto
-    issues = admission_issues(spec, settings=settings, shape=request.app.state.cluster_shape)
-    if issues:
-        raise SpecValidationError(issues)
-    job, created = store.submit_job(spec, owner=user.name, submission_id=submission_id)
+    quota = admit(spec, user=user, settings=settings, store=store,
+                  shape=request.app.state.cluster_shape)
+    job, created = store.submit_job(spec, owner=user.name, submission_id=submission_id,
+                                    max_queued=quota.max_queued_jobs)
     if created and planned is not None:
         record_plan(store, job.id, planned)
     if not created and not same_submission(store, job, submitted=submitted, resolved=spec):
@@ -131,11 +135,10 @@ def list_jobs(
     user: UserDep, store: StoreDep,
     state: Annotated[list[JobState] | None, Query(description="Repeat to match several.")]
     = None,
-    owner: Annotated[str | None, Query(max_length=200)] = None,
-    name: Annotated[str | None, Query(max_length=200, description="Part of the job name.")] = None,
+    owner: Annotated[str | None, text_query("Only this owner's jobs.")] = None,
+    name: Annotated[str | None, text_query("Part of the job name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=200, description="From next_cursor.")]
-    = None,
+    cursor: Annotated[str | None, text_query("From next_cursor.")] = None,
 ) -> Response:
     try:
         jobs, next_cursor = store.list_jobs(
@@ -153,7 +156,7 @@ async def get_job(job: JobDep) -> Response:
 
 
 @router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=Job)
-def cancel_job(job: JobDep, user: UserDep, store: StoreDep) -> Response:
+def cancel_job(job: JobDep, user: WriterDep, store: StoreDep) -> Response:
     """Queued jobs end at once (CANCELLED); running ones go to CANCELLING and stop.
     Cancelling a finished job changes nothing and answers with the job."""
     return model_response(Job.model_validate(store.request_cancel(job.id, viewer=user)))

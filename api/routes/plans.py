@@ -10,13 +10,16 @@ jobs, placed or being placed, are busy: `placement.holds`). Link figures come fr
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SettingsDep, StoreDep, UserDep
 from api.errors import Unprocessable
+from orchestrator import limits as lim
+from orchestrator.documents import document_issue
 from orchestrator.placement.holds import busy_gpus, gpu_holds
 from orchestrator.placement.snapshot import cluster_from_records
 from orchestrator.planner.autoplan import format_table, hardware_for, resolve_auto
@@ -32,34 +35,44 @@ from orchestrator.topology.model import ClusterTopology
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 
+_BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
 class ModelBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    n_layers: int = Field(ge=1, description="Transformer blocks.")
-    d_model: int = Field(ge=1, description="Hidden size.")
-    n_heads: int = Field(ge=1, description="Attention heads.")
-    vocab_size: int = Field(ge=1, description="Vocabulary size.")
-    seq_len: int = Field(ge=1, description="Sequence length.")
-    ffn_dim: int | None = Field(default=None, ge=1, description="MLP size (default 4 d_model).")
-    params: int | None = Field(default=None, ge=1, description="Parameter count (derived).")
+    model_config = _BODY
+    n_layers: int = Field(ge=1, le=lim.MAX_LAYERS, description="Transformer blocks.")
+    d_model: int = Field(ge=1, le=lim.MAX_HIDDEN, description="Hidden size.")
+    n_heads: int = Field(ge=1, le=1024, description="Attention heads.")
+    vocab_size: int = Field(ge=1, le=lim.MAX_VOCAB, description="Vocabulary size.")
+    seq_len: int = Field(ge=1, le=lim.MAX_SEQ_LEN, description="Sequence length.")
+    ffn_dim: int | None = Field(default=None, ge=1, le=lim.MAX_FFN,
+                                description="MLP size (default 4 d_model).")
+    params: int | None = Field(default=None, ge=1, le=lim.MAX_PARAMS,
+                               description="Parameter count (derived).")
 
 
 class HardwareBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    memory_gb: float | None = Field(default=None, gt=0, description="GPU memory (default: "
-                                    "what the topology reports, else 80).")
-    peak_tflops: float = Field(default=989.0, gt=0, description="Dense peak TFLOP/s per GPU.")
+    model_config = _BODY
+    memory_gb: float | None = Field(default=None, gt=0, le=100_000, description="GPU memory "
+                                    "(default: what the topology reports, else 80).")
+    peak_tflops: float = Field(default=989.0, gt=0, le=1e6,
+                               description="Dense peak TFLOP/s per GPU.")
     efficiency: float = Field(default=0.4, gt=0, le=1, description="Model FLOPs utilisation.")
     precision: str = Field(default="bf16-mixed", pattern="^(bf16-mixed|fp32)$")
 
 
 class PlanBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | ModelBody = Field(description=f"A known model {sorted(KNOWN_MODELS)} or sizes.")
-    global_batch: int = Field(ge=1, description="Sequences per optimizer step.")
-    gpus: int | None = Field(default=None, ge=1, description="GPUs to use (default: all free).")
+    model_config = _BODY
+    model: Annotated[str, Field(max_length=100)] | ModelBody = Field(
+        description=f"A known model {sorted(KNOWN_MODELS)} or sizes.")
+    global_batch: int = Field(ge=1, le=lim.MAX_BATCH, description="Sequences per optimizer "
+                              "step.")
+    gpus: int | None = Field(default=None, ge=1, le=lim.MAX_WORLD_SIZE,
+                             description="GPUs to use (default: all free).")
     hardware: HardwareBody = Field(default_factory=HardwareBody)
     cluster: dict[str, Any] | None = Field(default=None, description="A declared cluster "
-                                           "document (what-if); default: the live cluster.")
+                                           "document (what-if), topology inline (`topo_m` "
+                                           "text, never a file); default: the live cluster.")
     top_k: int = Field(default=10, ge=1, le=1000)
     even_stages: bool = Field(default=False, description="pp must divide n_layers.")
     solve_top: int = Field(default=1, ge=0, le=10, description="Run the placement solver on "
@@ -95,16 +108,38 @@ def _fail(loc: str, exc: Exception) -> Unprocessable:
     return Unprocessable([FieldIssue(loc, str(exc), "value_error")])
 
 
+def request_cluster(doc: dict[str, Any]) -> ClusterTopology:
+    """A what-if cluster from a request body: inline topology only, bounded in size."""
+    nodes = doc.get("nodes")
+    if isinstance(nodes, list) and len(nodes) > lim.MAX_CLUSTER_NODES:
+        raise _fail("cluster.nodes", ValueError(
+            f"{len(nodes)} nodes; a plan request describes at most {lim.MAX_CLUSTER_NODES}"))
+    issue = document_issue(doc)
+    if issue is not None:
+        raise Unprocessable([replace(issue, loc=f"cluster.{issue.loc}")])
+    try:
+        cluster = parse_cluster_doc(doc)  # no base_dir: topo_m_file is refused, never opened
+    except ValueError as exc:
+        raise _fail("cluster", exc) from None
+    total = sum(len(n.topology.gpus) for n in cluster.nodes)
+    if total > lim.MAX_CLUSTER_GPUS:
+        raise _fail("cluster.nodes", ValueError(
+            f"{total} GPUs; a plan request describes at most {lim.MAX_CLUSTER_GPUS}"))
+    return cluster
+
+
 def run_plan(body: PlanBody, *, store: Store, settings: Settings) -> PlanResult:
     try:
         shape = model_shape(body.model)
     except (TypeError, ValueError) as exc:
         raise _fail("model", exc) from None
-    try:
-        cluster = (parse_cluster_doc(body.cluster) if body.cluster is not None
-                   else store_cluster(store, settings))
-    except ValueError as exc:
-        raise _fail("cluster", exc) from None
+    if body.cluster is not None:
+        cluster = request_cluster(body.cluster)
+    else:
+        try:
+            cluster = store_cluster(store, settings)
+        except ValueError as exc:
+            raise _fail("cluster", exc) from None
     hw = body.hardware
     base = hardware_for(cluster, base=Hardware(peak_tflops=hw.peak_tflops,
                                                efficiency=hw.efficiency, precision=hw.precision))

@@ -24,18 +24,19 @@ from fastapi.responses import (
     Response,
 )
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 
+from api.auth import SESSION_KEY
 from api.dashboard import views
 from api.dashboard.session import (
-    COOKIE_MAX_AGE_S,
     COOKIE_NAME,
     CSRF_FIELD,
-    cookie_token,
+    cookie_session,
     csrf_problem,
     csrf_token,
     origin_ok,
 )
-from api.deps import StoreDep
+from api.deps import SettingsDep, StoreDep
 from api.errors import NotFound
 from orchestrator.placement.holds import gpu_holds
 from orchestrator.store.records import UserRecord
@@ -62,9 +63,9 @@ router = APIRouter(include_in_schema=False)
 class Session:
     """The signed-in browser: its user, and the CSRF token its pages send back."""
 
-    def __init__(self, user: UserRecord, token: str) -> None:
+    def __init__(self, user: UserRecord, secret: str) -> None:
         self.user = user
-        self.csrf = csrf_token(token)
+        self.csrf = csrf_token(secret)
 
 
 class LoginRequired(Exception):
@@ -72,14 +73,20 @@ class LoginRequired(Exception):
 
 
 def _session(request: Request, store: StoreDep) -> Session:
-    token = cookie_token(request)
-    user = store.authenticate(token) if token else None
-    if user is None or token is None:
+    secret = cookie_session(request)
+    user = store.session_user(secret) if secret else None
+    if user is None or secret is None:
         raise LoginRequired()
-    return Session(user, token)
+    return Session(user, secret)
 
 
 SessionDep = Annotated[Session, Depends(_session)]
+
+
+def _job_id(raw: str) -> str:
+    """A job id as the store may be asked for it: bounded, and no control characters (which
+    PostgreSQL refuses in a query) — such an id matches no job."""
+    return raw[:100] if raw.isprintable() else ""
 
 
 def secure(response: Response) -> Response:
@@ -99,39 +106,44 @@ def login_redirect(request: Request, exc: Exception) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request, store: StoreDep) -> Response:
-    token = cookie_token(request)
-    if token and store.authenticate(token):
+    secret = cookie_session(request)
+    if secret and store.session_user(secret):
         return secure(RedirectResponse("/", status_code=303))
     return page(request, "login.html", error=None)
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, store: StoreDep) -> Response:
-    """Form post (never a query string: tokens stay out of URLs and logs)."""
+async def login(request: Request, store: StoreDep, settings: SettingsDep) -> Response:
+    """Form post (never a query string: tokens stay out of URLs and logs). Opens a server-side
+    session; the cookie carries the session's secret, not the token."""
     if not origin_ok(request):
         return page(request, "login.html", status=403, error="Cross-site login refused.")
     body = await request.body()
     if len(body) > MAX_LOGIN_BODY:
         return page(request, "login.html", status=413, error="Token too long.")
     token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0].strip()
-    user = store.authenticate(token) if token else None
-    if user is None:
+    opened = await run_in_threadpool(store.open_session, token,
+                                     ttl_s=settings.session_ttl_s) if token else None
+    if opened is None:
         return page(request, "login.html", status=401,
                     error="That token is not valid. Create one with `meshyard token create`.")
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE_NAME, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE_NAME, opened[0], max_age=int(settings.session_ttl_s), path="/",
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return secure(response)
 
 
 @router.post("/logout")
-async def logout(request: Request) -> Response:
-    token = cookie_token(request)
-    if token is not None:
+async def logout(request: Request, store: StoreDep) -> Response:
+    """Deletes the session: the cookie's secret stops working at once, even if kept."""
+    secret = cookie_session(request)
+    if secret is not None:
         form = parse_qs((await request.body())[:MAX_LOGIN_BODY].decode("utf-8", "replace"))
-        problem = csrf_problem(request, token, submitted=form.get(CSRF_FIELD, [""])[0])
+        problem = csrf_problem(request, secret, submitted=form.get(CSRF_FIELD, [""])[0])
         if problem is not None:
             return secure(Response(problem, status_code=403, media_type="text/plain"))
+        await run_in_threadpool(store.close_session, secret)
+        request.app.state.token_cache.forget(SESSION_KEY + secret)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
     return secure(response)
@@ -144,10 +156,10 @@ def jobs_page(request: Request, session: SessionDep) -> Response:
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep) -> Response:
-    job = store.get_job(job_id[:100], viewer=session.user)
+    job = store.get_job(_job_id(job_id), viewer=session.user)
     if job is None:
         return page(request, "not_found.html", status=404, session=session,
-                    what=f"job {job_id[:100]}")
+                    what=f"job {_job_id(job_id)}")
     return page(request, "job.html", session=session, active="jobs", job=job,
                 spec_yaml=views.spec_yaml(job.spec),
                 plan=next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"),
@@ -159,9 +171,9 @@ def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep
 def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
     """The communication signature (cost model) on the job's current placement; the page
     fetches it again whenever the ranks move. Not in /v1: it is a view, not a resource."""
-    job = store.get_job(job_id[:100], viewer=session.user)
+    job = store.get_job(_job_id(job_id), viewer=session.user)
     if job is None:
-        raise NotFound(f"job {job_id[:100]!r} not found")
+        raise NotFound(f"job {_job_id(job_id)!r} not found")
     comm = views.comm_signature(job, ranks=store.list_ranks(job.id), nodes=store.list_nodes())
     body = {"available": False} if comm is None else {"available": True, **asdict(comm)}
     return secure(JSONResponse(body))
@@ -184,7 +196,7 @@ def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
              store: StoreDep, request: Request) -> Response:
     """Serves only a path a stored diagnosis lists, and only from under the data dir: the URL
     names an index, never a path."""
-    job = store.get_job(job_id[:100], viewer=session.user)
+    job = store.get_job(_job_id(job_id), viewer=session.user)
     diagnoses = store.list_diagnoses(job.id) if job is not None else []
     found = next((d for d in diagnoses if d.id == diagnosis_id), None)
     paths = list(found.report.get("artifacts") or []) if found is not None else []

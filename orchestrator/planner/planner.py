@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.limits import divisors
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import ModelDims, call_seconds, communication_signature
 from orchestrator.placement.links import LinkFigures
@@ -171,17 +172,13 @@ class PlanResult:
 # -- enumeration -----------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _pow2_divisors(n: int) -> list[int]:
-    return [d for d in _divisors(n) if d & (d - 1) == 0]
+def _pow2divisors(n: int) -> list[int]:
+    return [d for d in divisors(n) if d & (d - 1) == 0]
 
 
 def _dp_splits(dp: int) -> list[tuple[int, int]]:
     """(dp_shard, dp_replicate): pure FSDP, pure DDP, and HSDP with power-of-two shards."""
-    shards = sorted({1, dp, *(d for d in _pow2_divisors(dp) if d < dp)})
+    shards = sorted({1, dp, *(d for d in _pow2divisors(dp) if d < dp)})
     return [(s, dp // s) for s in shards]
 
 
@@ -194,7 +191,7 @@ def _virtual_options(model: ModelShape, pp: int) -> list[int]:
 
 
 def _microbatch_options(local_batch: int, pp: int) -> list[int]:
-    opts = [m for m in _divisors(local_batch) if m >= pp or pp == 1]
+    opts = [m for m in divisors(local_batch) if m >= pp or pp == 1]
     if len(opts) <= _MAX_MICROBATCH_OPTIONS:
         return opts
     # few, spread from the least to the most microbatches (the most: the smallest bubble)
@@ -205,7 +202,7 @@ def _microbatch_options(local_batch: int, pp: int) -> list[int]:
 def candidates(model: ModelShape, *, world: int, global_batch: int, max_tp: int
                ) -> Iterator[Candidate | Rejection]:
     """Every configuration of `world` GPUs, or the reason a whole family is impossible."""
-    for tp in _divisors(world):
+    for tp in divisors(world):
         if tp > 1 and tp & (tp - 1):
             continue  # TP degrees are powers of two in practice (heads, hidden sizes)
         base = Candidate(tp, 1, 1, world // tp, 0, 1, False)
@@ -217,7 +214,7 @@ def candidates(model: ModelShape, *, world: int, global_batch: int, max_tp: int
             yield Rejection(base, "tp_domain", f"tp={tp} crosses NVLink domains (largest "
                             f"domain on the free GPUs: {max_tp})")
             continue
-        for pp in _divisors(world // tp):
+        for pp in divisors(world // tp):
             if pp > model.n_layers:
                 break
             dp = world // tp // pp

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.store import models as m
 from orchestrator.store import records as r
@@ -45,4 +46,4 @@ def event_record(e: m.Event) -> r.EventRecord:
 
 
 def user_record(u: m.User) -> r.UserRecord:
-    return r.UserRecord(id=u.id, name=u.name, is_admin=u.is_admin, created_at=u.created_at)
+    return r.UserRecord(id=u.id, name=u.name, role=Role(u.role), created_at=u.created_at)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,6 +19,8 @@ from orchestrator.lifecycle import (
     Reason,
     transition,
 )
+from orchestrator.limits import INT64_MAX
+from orchestrator.quotas import Quota, check_queued
 from orchestrator.spec import JobSpec
 from orchestrator.store import models as m
 from orchestrator.store.base import StoreBase, event_record, job_record
@@ -49,11 +52,16 @@ def decode_cursor(cursor: str) -> int:
     try:
         pad = "=" * (-len(cursor) % 4)
         seq = json.loads(base64.urlsafe_b64decode(cursor + pad))["s"]
-        if not isinstance(seq, int):
-            raise TypeError
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= INT64_MAX:
+            raise TypeError  # a seq no row can have (and no column can bind)
         return seq
     except (ValueError, KeyError, TypeError) as exc:
         raise BadCursor("invalid cursor; pass the next_cursor value of a previous page") from exc
+
+
+def _owner_lock_key(owner: str) -> int:
+    digest = hashlib.sha256(f"meshyard.submit:{owner}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def new_job_id() -> str:
@@ -61,16 +69,17 @@ def new_job_id() -> str:
 
 
 def _visible(stmt: Any, viewer: UserRecord | None) -> Any:
-    if viewer is not None and not viewer.is_admin:
+    if viewer is not None and not viewer.sees_all_jobs:
         stmt = stmt.where(m.Job.owner == viewer.name)
     return stmt
 
 
 class JobOps(StoreBase):
-    def submit_job(self, spec: JobSpec, *, owner: str,
-                   submission_id: str | None = None) -> tuple[JobRecord, bool]:
+    def submit_job(self, spec: JobSpec, *, owner: str, submission_id: str | None = None,
+                   max_queued: int | None = None) -> tuple[JobRecord, bool]:
         """Stores a QUEUED job with its SUBMITTED event. A repeated (owner, submission_id)
-        returns the existing job and False, also when two retries race."""
+        returns the existing job and False, also when two retries race. With `max_queued`,
+        raises QuotaExceeded (nothing stored) when the owner already has that many queued."""
         if submission_id:
             existing = self._by_submission(owner, submission_id)
             if existing is not None:
@@ -78,6 +87,10 @@ class JobOps(StoreBase):
         now = datetime.now(UTC)
         try:
             with self._tx() as s:
+                if max_queued is not None and self.is_postgres:
+                    # One submitter per owner at a time, so concurrent ones count each other.
+                    s.execute(text("SELECT pg_advisory_xact_lock(:k)"),
+                              {"k": _owner_lock_key(owner)})
                 job = m.Job(
                     id=new_job_id(), name=spec.name, owner=owner, state=JobState.QUEUED.value,
                     priority=spec.priority, spec=spec.model_dump(mode="json"),
@@ -86,6 +99,11 @@ class JobOps(StoreBase):
                 )
                 s.add(job)
                 s.flush()
+                if max_queued is not None:
+                    # Counted after the insert: on SQLite the insert took the write lock, so
+                    # no other submission can slip in between (our own row is counted too).
+                    check_queued(Quota(max_queued_jobs=max_queued),
+                                 queued=self._queued(s, owner) - 1)
                 s.add(m.Event(job_id=job.id, at=now, kind="state", src=None,
                               dst=JobState.QUEUED.value, reason=Reason.SUBMITTED.value,
                               message=f"submitted by {owner}", data={}))
@@ -97,6 +115,11 @@ class JobOps(StoreBase):
                 if existing is not None:
                     return existing, False
             raise
+
+    @staticmethod
+    def _queued(s: Session, owner: str) -> int:
+        return int(s.scalar(select(func.count()).select_from(m.Job).where(
+            m.Job.owner == owner, m.Job.state == JobState.QUEUED.value)) or 0)
 
     def _by_submission(self, owner: str, submission_id: str) -> JobRecord | None:
         with self._tx() as s:

@@ -72,7 +72,7 @@ class User(Base):
     __tablename__ = "users"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
-    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    role: Mapped[str] = mapped_column(String(16), default="user", server_default="user")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -84,6 +84,33 @@ class ApiToken(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class DashboardSession(Base):
+    """A signed-in browser. The cookie holds the secret; only its digest is stored. Ends at
+    logout, at `expires_at`, or when the token it was opened with is revoked."""
+
+    __tablename__ = "dashboard_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"),
+                                          index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class UserQuota(Base):
+    """Limits an admin set for one user; a NULL limit falls back to the server's default."""
+
+    __tablename__ = "user_quotas"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    max_running_gpus: Mapped[int | None] = mapped_column(Integer)
+    max_running_cpus: Mapped[float | None] = mapped_column(Float)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Job(Base):

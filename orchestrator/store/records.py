@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator.access import Role
 from orchestrator.lifecycle import JobState
 
 
@@ -13,8 +14,28 @@ from orchestrator.lifecycle import JobState
 class UserRecord:
     id: int
     name: str
-    is_admin: bool
+    role: Role
     created_at: datetime
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Role.ADMIN
+
+    @property
+    def sees_all_jobs(self) -> bool:
+        """Admins and viewers read every job; users read their own."""
+        return self.role in (Role.ADMIN, Role.VIEWER)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """An API token as listed: never the token itself (only its digest is stored)."""
+
+    id: int
+    user: str
+    label: str
+    created_at: datetime
+    revoked: bool
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 from orchestrator.store.jobs import JobOps
+from orchestrator.store.quotas import QuotaOps
+from orchestrator.store.sessions import SessionOps
 from orchestrator.store.telemetry import TelemetryOps
-from orchestrator.store.users import UserOps
 
 
-class Store(UserOps, JobOps, TelemetryOps):
+class Store(SessionOps, QuotaOps, JobOps, TelemetryOps):
     """Each method is one transaction. Returns frozen records, never rows."""
 
     def close(self) -> None:

@@ -13,6 +13,12 @@ Format (see examples/clusters/README.md)::
         topo_m: |                  # or topo_m_file: path relative to this file
           <output of nvidia-smi topo -m>
 
+Only a file on disk may name another file (`topo_m_file`); a document that arrives in a request
+(`parse_cluster_doc` without `base_dir`) carries its topology inline, so a request can never
+make the server open a path. Bounded: at most MAX_GPUS_PER_NODE GPUs per node and
+MAX_TOPO_M_CHARS per topo_m; nodes with the same generated shape share one NodeTopology, and
+one document may generate at most MAX_GENERATED_PAIRS GPU pairs.
+
 `intra_node` (used when there is no `topo_m`): `nvswitch` (every GPU pair NV18), `pcie`
 (two sockets, first half of the GPUs on socket 0: pairs 2k/2k+1 on one socket are PIX,
 other same-socket pairs NODE, cross-socket SYS), or any link class such as `NV12` or `PHB`
@@ -25,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.limits import MAX_GPUS_PER_NODE, MAX_TOPO_M_CHARS
 from orchestrator.topology.model import (
     NODE_LEVEL,
     ClusterNode,
@@ -38,6 +45,7 @@ from orchestrator.topology.nvidia_smi import parse_topo_matrix
 from orchestrator.topology.serialize import node_topology_from_dict, node_topology_to_dict
 
 NVSWITCH_LINK = "NV18"  # H100/B200 SXM behind NVSwitch, as `topo -m` prints it
+MAX_GENERATED_PAIRS = 1 << 16  # link-table entries one document may make (intra_node shapes)
 _NODE_KEYS = frozenset({"name", "gpus", "labels", "topo_m", "topo_m_file", "intra_node",
                         "busy_gpus", "node_id", "topology",
                         "free_gpus"})  # free_gpus: derived, written by cluster_to_dict, ignored
@@ -57,6 +65,25 @@ def pcie_topology(n_gpus: int) -> NodeTopology:
             else:
                 links[(a, b)] = "PIX" if a // 2 == b // 2 else "NODE"
     return NodeTopology(gpus=gpus, links=links)
+
+
+class _Shapes:
+    """Generated node topologies of one document: one per (GPUs, intra_node), within budget."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, str], NodeTopology] = {}
+        self._pairs = 0
+
+    def get(self, where: str, n_gpus: int, intra: str) -> NodeTopology:
+        key = (n_gpus, intra)
+        if key not in self._made:
+            self._pairs += n_gpus * (n_gpus - 1) // 2
+            if self._pairs > MAX_GENERATED_PAIRS:
+                raise ValueError(f"{where}: the document's node shapes add up to more than "
+                                 f"{MAX_GENERATED_PAIRS} GPU pairs; describe fewer distinct "
+                                 "(gpus, intra_node) shapes")
+            self._made[key] = _intra_topology(where, n_gpus, intra)
+        return self._made[key]
 
 
 def _intra_topology(where: str, n_gpus: int, intra: str) -> NodeTopology:
@@ -81,6 +108,36 @@ def _int_field(where: str, key: str, value: Any) -> int:
     return value
 
 
+def _gpu_count(where: str, value: Any) -> int:
+    n = _int_field(where, "gpus", value)
+    if n > MAX_GPUS_PER_NODE:
+        raise ValueError(f"{where}: gpus: {n} is more than a node holds (at most "
+                         f"{MAX_GPUS_PER_NODE}); describe a larger NVLink domain as several "
+                         "nodes with an nvlink_domain label")
+    return n
+
+
+def _topo_m_text(where: str, raw: Mapping[str, Any], base_dir: Path | None) -> Any:
+    if raw.get("topo_m_file") is None:
+        text = raw.get("topo_m")
+    elif base_dir is None:
+        raise ValueError(f"{where}: topo_m_file names a file, and a cluster document sent "
+                         "with a request is never read from disk; put the `nvidia-smi topo "
+                         "-m` text itself in topo_m")
+    else:
+        path = Path(str(raw["topo_m_file"]))
+        if not path.is_absolute():
+            path = base_dir / path
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"{where}: cannot read topo_m_file {str(path)!r}: {exc}") from exc
+    if text is not None and len(str(text)) > MAX_TOPO_M_CHARS:
+        raise ValueError(f"{where}: topo_m has {len(str(text))} characters; a node's "
+                         f"`nvidia-smi topo -m` output is far below {MAX_TOPO_M_CHARS}")
+    return text
+
+
 def _labels(where: str, raw: Any, levels: tuple[str, ...]) -> dict[str, str]:
     if raw is None:
         raw = {}
@@ -96,16 +153,9 @@ def _labels(where: str, raw: Any, levels: tuple[str, ...]) -> dict[str, str]:
     return labels
 
 
-def _node_topology(where: str, raw: Mapping[str, Any], base_dir: Path | None) -> NodeTopology:
-    text = raw.get("topo_m")
-    if raw.get("topo_m_file") is not None:
-        path = Path(str(raw["topo_m_file"]))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ValueError(f"{where}: cannot read topo_m_file {str(path)!r}: {exc}") from exc
+def _node_topology(where: str, raw: Mapping[str, Any], base_dir: Path | None,
+                   shapes: _Shapes) -> NodeTopology:
+    text = _topo_m_text(where, raw, base_dir)
     gpus = raw.get("gpus")
     if raw.get("topology") is not None:
         topo = node_topology_from_dict(raw["topology"])
@@ -117,8 +167,8 @@ def _node_topology(where: str, raw: Mapping[str, Any], base_dir: Path | None) ->
     else:
         if gpus is None:
             raise ValueError(f"{where}: gpus is required when topo_m is absent (e.g. gpus: 8)")
-        n = _int_field(where, "gpus", gpus)
-        return _intra_topology(where, n, str(raw.get("intra_node", "nvswitch")))
+        return shapes.get(where, _gpu_count(where, gpus), str(raw.get("intra_node", "nvswitch")))
+    _gpu_count(where, len(topo.gpus))
     if gpus is not None and _int_field(where, "gpus", gpus) != len(topo.gpus):
         raise ValueError(f"{where}: gpus: {gpus} but its topology has {len(topo.gpus)} GPUs; "
                          "drop gpus or make it match")
@@ -140,7 +190,7 @@ def _busy(where: str, raw: Any, topo: NodeTopology) -> frozenset[int]:
 
 
 def _parse_node(i: int, raw: Any, *, levels: tuple[str, ...], defaults: Mapping[str, Any],
-                base_dir: Path | None) -> ClusterNode:
+                base_dir: Path | None, shapes: _Shapes) -> ClusterNode:
     if not isinstance(raw, Mapping):
         raise ValueError(f"nodes[{i}] must be a mapping with name, gpus, labels; got {raw!r}")
     merged = {**defaults, **raw}
@@ -153,7 +203,7 @@ def _parse_node(i: int, raw: Any, *, levels: tuple[str, ...], defaults: Mapping[
     name = merged.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: name is required (a unique string such as 'node-a')")
-    topo = _node_topology(where, merged, base_dir)
+    topo = _node_topology(where, merged, base_dir, shapes)
     node_id = merged.get("node_id")
     return ClusterNode(name=name, topology=topo,
                        labels=_labels(where, merged.get("labels"), levels),
@@ -179,7 +229,8 @@ def parse_cluster_doc(doc: Mapping[str, Any], *, base_dir: Path | None = None) -
     """Build a ClusterTopology from a declared-cluster mapping (the parsed YAML).
 
     Also accepts the output of cluster_to_dict (nodes carry a `topology` entry), so the
-    store can round-trip: `parse_cluster_doc(cluster_to_dict(c)) == c`.
+    store can round-trip: `parse_cluster_doc(cluster_to_dict(c)) == c`. `base_dir` is the
+    directory of the file the document came from; without it no `topo_m_file` is read.
     """
     if not isinstance(doc, Mapping):
         raise ValueError("cluster file: expected a mapping with 'levels' and 'nodes'")
@@ -195,8 +246,9 @@ def parse_cluster_doc(doc: Mapping[str, Any], *, base_dir: Path | None = None) -
     defaults = doc.get("defaults") or {}
     if not isinstance(defaults, Mapping):
         raise ValueError(f"cluster file: defaults must be a mapping, got {defaults!r}")
-    nodes = tuple(_parse_node(i, raw, levels=levels, defaults=defaults, base_dir=base_dir)
-                  for i, raw in enumerate(nodes_raw))
+    shapes = _Shapes()
+    nodes = tuple(_parse_node(i, raw, levels=levels, defaults=defaults, base_dir=base_dir,
+                              shapes=shapes) for i, raw in enumerate(nodes_raw))
     return ClusterTopology(levels=levels, nodes=nodes)
 
 

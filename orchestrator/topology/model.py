@@ -14,6 +14,7 @@ Link classes, best first, as `nvidia-smi topo -m` prints them:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -211,8 +212,7 @@ class ClusterTopology:
     nodes: tuple[ClusterNode, ...]
 
     def __post_init__(self) -> None:
-        names = [n.name for n in self.nodes]
-        dupes = {n for n in names if names.count(n) > 1}
+        dupes = {name for name, k in Counter(n.name for n in self.nodes).items() if k > 1}
         if dupes:
             raise ValueError(f"duplicate node names {sorted(dupes)}; node names must be unique")
 

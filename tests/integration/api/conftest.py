@@ -51,6 +51,7 @@ class Server:
     data_dir: Path
     database_url: str | None = None
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # MESHYARD_* settings for this server
     proc: subprocess.Popen | None = None
     url: str = ""
     starts: int = 0
@@ -68,8 +69,8 @@ class Server:
         log = self.log_path.open("a")
         log.write(f"\n--- start {self.starts} ---\n")
         log.flush()
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
-                                     cwd=REPO)
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                     env=clean_env(**self.env), cwd=REPO)
         log.close()
         self.url = self._wait_ready(timeout)
         return self
@@ -116,17 +117,16 @@ class Server:
     def admin_token(self) -> str:
         return (self.data_dir / "admin.token").read_text().strip()
 
-    def create_token(self, user: str, *, admin: bool = False) -> str:
-        """Straight in the database, as `meshyard token create` does (test_cli covers the
-        command itself; a subprocess per token costs seconds here)."""
-        from orchestrator.store import open_store
-
-        url = self.database_url or f"sqlite:///{self.data_dir / 'meshyard.db'}"
-        store = open_store(url, migrate=False)
-        try:
-            return store.create_token(user, admin=admin, label="test")
-        finally:
-            store.close()
+    def create_token(self, user: str, *, admin: bool = False, role: str | None = None) -> str:
+        """Over the API with the admin token, as `meshyard token create` does (test_cli covers
+        the command itself; a subprocess per token costs seconds here). The test process
+        never opens the running server's database."""
+        body = {"user": user, "label": "test", **({"role": "admin"} if admin else {}),
+                **({"role": role} if role else {})}
+        with self.client(self.admin_token) as http:
+            r = http.post("/v1/tokens", json=body)
+        assert r.status_code == 201, r.text
+        return str(r.json()["token"])
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -35,7 +35,7 @@ def env(tmp_path: Path) -> Iterator[tuple[TestClient, Store, dict[str, str], Rec
     prepared = prepare(settings)
     runtime = Recorder()
     app = create_app(settings, store=prepared.store, runtime=runtime)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         yield client, prepared.store, {"Authorization": f"Bearer {prepared.admin_token}"}, runtime
     prepared.store.close()
 
@@ -44,7 +44,8 @@ def test_runtime_hook_starts_and_stops_with_the_app(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d")
     prepared = prepare(settings)
     runtime = Recorder()
-    with TestClient(create_app(settings, store=prepared.store, runtime=runtime)):
+    with TestClient(create_app(settings, store=prepared.store, runtime=runtime),
+                    base_url="http://127.0.0.1"):
         assert runtime.calls == ["start"]
     assert runtime.calls == ["start", "stop"]
     prepared.store.close()
@@ -150,7 +151,7 @@ def test_unhandled_error_is_a_500_problem_without_traceback(env) -> None:
 def test_readyz_reports_a_schema_behind_head(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d")  # no migrations applied
     app = create_app(settings)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         r = client.get("/readyz")
         assert r.status_code == 503
         assert r.json()["database"] is True and r.json()["migrations"] is False

@@ -75,7 +75,8 @@ def test_token_create_and_db_upgrade_work_on_the_database(tmp_path: Path) -> Non
     d = tmp_path / "fresh"
     up = run_cli("db", "upgrade", data_dir=d)
     assert up.returncode == 0 and (d / "meshyard.db").exists()
-    made = run_cli("token", "create", "--user", "dave", "--admin", data_dir=d)
+    offline = ("--database-url", f"sqlite:///{d / 'meshyard.db'}")  # the offline bootstrap
+    made = run_cli("token", "create", "--user", "dave", "--admin", *offline, data_dir=d)
     assert made.returncode == 0 and made.stdout.strip().startswith("msy_")
 
     from orchestrator.store import open_store
@@ -90,12 +91,13 @@ def test_token_create_and_db_upgrade_work_on_the_database(tmp_path: Path) -> Non
 
 def test_token_revoke_on_the_database(tmp_path: Path) -> None:
     d = tmp_path / "fresh"
-    made = run_cli("token", "create", "--user", "erin", data_dir=d)
+    offline = ("--database-url", f"sqlite:///{d / 'meshyard.db'}")  # the offline bootstrap
+    made = run_cli("token", "create", "--user", "erin", *offline, data_dir=d)
     assert made.returncode == 0
     token = made.stdout.strip()
-    gone = run_cli("token", "revoke", "--user", "erin", data_dir=d)
+    gone = run_cli("token", "revoke", "--user", "erin", *offline, data_dir=d)
     assert gone.returncode == 0 and "revoked 1 token(s) of erin" in gone.stdout
-    missing = run_cli("token", "revoke", "--user", "nobody", data_dir=d)
+    missing = run_cli("token", "revoke", "--user", "nobody", *offline, data_dir=d)
     assert missing.returncode == 2 and "no user named 'nobody'" in missing.stderr
 
     from orchestrator.store import open_store

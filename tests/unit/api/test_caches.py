@@ -6,10 +6,11 @@ import time
 from datetime import UTC, datetime
 
 from api.auth import TokenCache
+from orchestrator.access import Role
 from orchestrator.store.records import UserRecord
 
-ALICE = UserRecord(id=1, name="alice", is_admin=False, created_at=datetime.now(UTC))
-BOB = UserRecord(id=2, name="bob", is_admin=False, created_at=datetime.now(UTC))
+ALICE = UserRecord(id=1, name="alice", role=Role.USER, created_at=datetime.now(UTC))
+BOB = UserRecord(id=2, name="bob", role=Role.USER, created_at=datetime.now(UTC))
 
 
 def test_token_cache_hits_until_expiry() -> None:

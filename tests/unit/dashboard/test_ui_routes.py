@@ -52,6 +52,11 @@ def login(client: TestClient, token: str = TOKEN) -> None:
     assert r.status_code == 303, r.text
 
 
+def session_csrf(client: TestClient) -> str:
+    """The CSRF token of the client's current session (an HMAC of the cookie's secret)."""
+    return csrf_token(client.cookies[COOKIE_NAME])
+
+
 def test_pages_redirect_to_login_without_a_session(client: TestClient) -> None:
     for path in ("/", "/cluster", "/jobs/job-x"):
         r = client.get(path, follow_redirects=False)
@@ -62,7 +67,8 @@ def test_login_sets_httponly_strict_cookie_and_no_token_in_redirect(client: Test
     r = client.post("/login", content=f"token={TOKEN}", headers=FORM, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/"
     cookie = r.headers["set-cookie"]
-    assert f"{COOKIE_NAME}={TOKEN}" in cookie
+    # The cookie holds a server-side session's secret, never the API token itself.
+    assert f"{COOKIE_NAME}=mss_" in cookie and TOKEN not in cookie
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
     assert TOKEN not in r.headers["location"]
 
@@ -117,10 +123,10 @@ def test_cookie_api_call_needs_the_csrf_header(client: TestClient, store: Store,
     r = client.post(f"/v1/jobs/{job_id}/cancel", headers={"x-csrf-token": "0" * 64})
     assert r.status_code == 403
     r = client.post(f"/v1/jobs/{job_id}/cancel",
-                    headers={"x-csrf-token": csrf_token(TOKEN), "origin": "https://evil.example"})
+                    headers={"x-csrf-token": session_csrf(client), "origin": "https://evil.example"})
     assert r.status_code == 403
     assert store.get_job(job_id).state == JobState.QUEUED  # type: ignore[union-attr]
-    r = client.post(f"/v1/jobs/{job_id}/cancel", headers={"x-csrf-token": csrf_token(TOKEN),
+    r = client.post(f"/v1/jobs/{job_id}/cancel", headers={"x-csrf-token": session_csrf(client),
                                                           "origin": "http://127.0.0.1:8470"})
     assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
 
@@ -128,7 +134,7 @@ def test_cookie_api_call_needs_the_csrf_header(client: TestClient, store: Store,
 def test_page_carries_the_csrf_token_of_its_session(client: TestClient) -> None:
     login(client)
     r = client.get("/")
-    assert f'<meta name="csrf-token" content="{csrf_token(TOKEN)}">' in r.text
+    assert f'<meta name="csrf-token" content="{session_csrf(client)}">' in r.text
 
 
 def test_bearer_clients_need_no_csrf_token(client: TestClient, jobs: dict[str, JobRecord]) -> None:
@@ -141,7 +147,7 @@ def test_logout_needs_the_form_csrf_token_and_clears_the_cookie(client: TestClie
     login(client)
     r = client.post("/logout", content="csrf_token=wrong", headers=FORM, follow_redirects=False)
     assert r.status_code == 403
-    r = client.post("/logout", content=f"csrf_token={csrf_token(TOKEN)}", headers=FORM,
+    r = client.post("/logout", content=f"csrf_token={session_csrf(client)}", headers=FORM,
                     follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/login"
     assert f'{COOKIE_NAME}=""' in r.headers["set-cookie"] and "Max-Age=0" in r.headers[

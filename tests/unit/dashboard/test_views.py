@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.dashboard import views
+from orchestrator.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
 from tests.unit.dashboard.seed import spec_doc
@@ -51,7 +52,7 @@ def test_level_tree_nests_coarsest_first() -> None:
 
 
 def test_gpu_usage_names_visible_jobs_and_hides_others() -> None:
-    alice = UserRecord(id=1, name="alice", is_admin=False, created_at=NOW)
+    alice = UserRecord(id=1, name="alice", role=Role.USER, created_at=NOW)
     mine = job("mine", "alice", spec_doc("mine", dp_replicate=2))
     theirs = job("theirs", "bob", spec_doc("theirs", dp_replicate=2))
     usage = views.gpu_usage([(mine, [rank(mine.id, 0, "a", 0), rank(mine.id, 1, "a", 1)]),

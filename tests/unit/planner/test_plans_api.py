@@ -33,7 +33,7 @@ def env(tmp_path: Path) -> Iterator[tuple[TestClient, Store, dict[str, str], Pat
                                    labels={"leaf": "l0"},
                                    topology=node_topology_to_dict(NodeTopology.uniform(8, "NV18")))
     app = create_app(settings, store=prepared.store)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         yield client, prepared.store, {"Authorization": f"Bearer {prepared.admin_token}"}, \
             settings.data_dir
     prepared.store.close()
