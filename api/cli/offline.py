@@ -20,8 +20,8 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from api.client import SERVER_FILE
-from orchestrator.leader import current_leader
 from orchestrator.store.db import make_engine, upgrade_database
+from orchestrator.store.leader import current_leader
 from orchestrator.store.repo import Store
 
 

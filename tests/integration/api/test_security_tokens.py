@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.leader import LeaderLock
+from orchestrator.store.leader import LeaderLock
 from tests.integration.api.conftest import Server, Users, run_cli
 
 

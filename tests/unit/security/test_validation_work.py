@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from api.bodies import parse_document
 from api.errors import ApiError
 from api.routes.plans import PlanBody, request_cluster
 from orchestrator import limits as lim
+from orchestrator.documents import parse_document
 from orchestrator.spec import SpecValidationError, parse_spec
 from tests.unit.security.work import lines_executed
 
