@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("ray", "fastapi", "sqlalchemy", "torch")
 
 PURE = [
+    "orchestrator.ansi",
     "orchestrator.spec",
     "orchestrator.lifecycle",
     "orchestrator.topology.model",
