@@ -18,5 +18,8 @@ drives this with `monitor.HangMonitor` (stall / silent detection once per episod
 probes, the spec's action); the poller stores each report (`orchestrator.diagnoses`).
 
 Offline (`meshyard diagnose --fr DIR --logs DIR`): `offline.diagnose_offline(...)`.
-Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`.
+Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`; the
+parser's parts: `log_prefixes` (launcher / shipper prefixes), `log_patterns` (NCCL lines),
+`log_torch` (PyTorch and gloo messages, whole or cut), `log_blocks` and `log_elastic`
+(multi-line reports, torchrun's failure summary).
 """

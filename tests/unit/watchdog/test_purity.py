@@ -9,7 +9,9 @@ PURE = ["orchestrator.watchdog.analyze", "orchestrator.watchdog.report",
         "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
         "orchestrator.watchdog.detect", "orchestrator.watchdog.inputs",
         "orchestrator.watchdog.offline", "orchestrator.watchdog.locate",
-        "orchestrator.watchdog.monitor"]
+        "orchestrator.watchdog.monitor", "orchestrator.watchdog.log_prefixes",
+        "orchestrator.watchdog.log_patterns", "orchestrator.watchdog.log_torch",
+        "orchestrator.watchdog.log_blocks", "orchestrator.watchdog.log_elastic"]
 
 
 def test_pure_modules_import_no_heavy_frameworks() -> None:
