@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from api.cli.app import app
+from orchestrator.ansi import strip_ansi
 from orchestrator.ranges import format_ranges
 from orchestrator.topology.declared import cluster_to_dict, load_cluster_file
 from orchestrator.topology.discovery import discover_local_node
@@ -77,7 +78,7 @@ def parse(
     """Parse `nvidia-smi topo -m` text (one link per GPU pair, types exactly as printed)."""
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
-        is_xml = text.lstrip().startswith("<")
+        is_xml = strip_ansi(text).lstrip().startswith("<")
         topo = parse_nccl_topo_xml(text) if is_xml else parse_topo_matrix(text)
     except (OSError, ValueError) as exc:
         raise _fail(f"{file}: {exc}") from exc

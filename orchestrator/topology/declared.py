@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.ansi import strip_ansi
 from orchestrator.limits import MAX_GPUS_PER_NODE, MAX_TOPO_M_CHARS
 from orchestrator.topology.model import (
     NODE_LEVEL,
@@ -258,7 +259,7 @@ def load_cluster_file(path: str | Path) -> ClusterTopology:
 
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.safe_load(strip_ansi(p.read_text()))
     except OSError as exc:
         raise ValueError(f"cannot read cluster file {str(p)!r}: {exc}") from exc
     except yaml.YAMLError as exc:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.ansi import strip_ansi
 from orchestrator.topology.model import Nic, NodeTopology
 
 SYSFS_IB = "/sys/class/infiniband"
@@ -97,7 +98,7 @@ def parse_ibstat(text: str) -> tuple[IbPort, ...]:
                 rate_gbps=float(rate) if rate and re.match(r"^[\d.]+$", rate) else None,
                 link_layer=cur.get("Link layer")))
 
-    for line in text.splitlines():
+    for line in strip_ansi(text).splitlines():
         s = line.strip()
         if m := re.match(r"^CA '([^']+)'", s):
             flush()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from orchestrator.ansi import strip_ansi
 from orchestrator.topology.model import NODE_LEVEL, NVLINK_DOMAIN_LEVEL, NodeTopology
 
 # Canonical order, finest first; levels not listed here sort after these, by name.
@@ -123,6 +124,7 @@ def parse_labels_text(text: str) -> dict[str, str]:
     """Labels from `k=v,k=v`, or one per line as `k=v`, `k="v"` (Kubernetes downward API
     files) or `k: v`. Blank lines and '#' comments are ignored."""
     out: dict[str, str] = {}
+    text = strip_ansi(text)
     items = text.splitlines() if "\n" in text.strip() else text.split(",")
     for raw in items:
         item = raw.strip()

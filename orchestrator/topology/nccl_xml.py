@@ -13,6 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from orchestrator.ansi import strip_ansi
 from orchestrator.topology.model import Gpu, Nic, NodeTopology, link_cost
 from orchestrator.topology.nvml import normalize_bus_id
 
@@ -105,7 +106,7 @@ def parse_nccl_topo_xml(text: str) -> NodeTopology:
     """GPUs are numbered by `<gpu dev=...>` when present, else in PCI bus order (what
     nvidia-smi and CUDA_DEVICE_ORDER=PCI_BUS_ID use)."""
     try:
-        root = ET.fromstring(text.strip())
+        root = ET.fromstring(strip_ansi(text).strip())
     except ET.ParseError as exc:
         raise ValueError(f"not an NCCL topology XML: {exc}") from exc
     devs: list[_Dev] = []

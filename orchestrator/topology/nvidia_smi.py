@@ -3,7 +3,9 @@
 The output is a square device matrix (GPUs, then NICs) followed by per-GPU columns
 (`CPU Affinity`, `NUMA Affinity`, `GPU NUMA ID`) and legends. Real captures vary:
 tab-separated or space-aligned (tabs expanded by whoever copied them), header indented or
-not, ANSI bold/underline codes around the header, legacy `SOC` for `SYS`, NIC columns named
+not, terminal escape codes (nvidia-smi underlines the header, `\tESC[4mGPU0 ... ESC[0m`;
+copies keep them, their ESC-less residue or caret notation: all go through
+`orchestrator.ansi.strip_ansi` before anything else), legacy `SOC` for `SYS`, NIC columns named
 `NICk` with a `NIC Legend:` mapping them to `mlx5_2` / `mlx5_bond_0` / netdev names (or
 named by device directly on old drivers), empty CPU-affinity cells, NUMA lists such as
 `0,3-9,11-17`, and `N/A`.
@@ -17,9 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from orchestrator.ansi import strip_ansi
 from orchestrator.topology.model import Gpu, Nic, NodeTopology, link_cost
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+__all__ = ["parse_nic_legend", "parse_topo_matrix", "strip_ansi"]
+
 _TOKEN_RE = re.compile(r"\S+")
 _GPU_RE = re.compile(r"^GPU(\d+)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*NIC(\d+)\s*:\s*(\S+)\s*$")
@@ -35,10 +39,6 @@ GPU_NUMA_ID = "GPU NUMA ID"
 class _Token:
     text: str
     start: int
-
-
-def strip_ansi(text: str) -> str:
-    return _ANSI_RE.sub("", text)
 
 
 def _tokens(line: str) -> list[_Token]:

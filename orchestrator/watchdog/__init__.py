@@ -19,5 +19,8 @@ controller's loop) drives this with `monitor.HangMonitor` (stall / silent detect
 episode, straggler probes, the spec's action); the poller stores each report.
 
 Offline (`meshyard diagnose --fr DIR --logs DIR`): `offline.diagnose_offline(...)`.
-Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`.
+Logs (`meshyard logs parse FILE --json`): `[e.to_dict() for e in logs.parse_text(text)]`; the
+parser's parts: `log_prefixes` (launcher / shipper prefixes), `log_patterns` (NCCL lines),
+`log_torch` (PyTorch and gloo messages, whole or cut), `log_blocks` and `log_elastic`
+(multi-line reports, torchrun's failure summary).
 """

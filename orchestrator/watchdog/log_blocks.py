@@ -6,6 +6,7 @@
 - NCCL RAS MISMATCH report (NCCL >= 2.24): operation counts per group of ranks and the ranks
   RAS lists (it lists the minority, which are the ranks AHEAD, not the stragglers).
 - Flight Recorder analyzer output ("Not all ranks joining collective ...", "missing ranks: {1}").
+- torchrun's failure summary (`ChildFailedError`), read by `log_elastic.FailureSummary`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import ast
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from orchestrator.watchdog.log_elastic import FailureSummary
 
 Fields = dict[str, Any]
 Events = list[tuple[str, Fields]]
@@ -24,13 +27,14 @@ _DESYNC_RANKS = re.compile(r"^-?\s*\[(?P<ranks>[\d, ]+)\] (?P<text>.+)$")
 _DESYNC_SNAPSHOT = re.compile(r"Snapshot of ranks' latest states")
 _DESYNC_STATE = re.compile(r"^#(?P<seq>\d+) (?P<what>\w+) ranks:")
 
-_RAS_START = re.compile(r"^#(?P<g>\d+)-(?P<c>\d+) \((?P<hash>[0-9a-f]+)\) MISMATCH")
+_RAS_START = re.compile(r"#(?P<g>\d+)-(?P<c>\d+) \((?P<hash>[0-9a-f]+)\) MISMATCH")
 _RAS_OP = re.compile(r"have different (?P<op>\w+) operation counts")
-_RAS_COUNT = re.compile(r"^(?P<n>\d+) ranks? (?:has|have) launched up to operation (?P<c>\d+)")
-_RAS_RANK = re.compile(r"^Rank (?P<r>\d+) -- GPU (?P<g>\d+) managed by process (?P<p>\d+) "
+_RAS_COUNT = re.compile(r"(?<!\d)(?P<n>\d+) ranks? (?:has|have) launched up to operation "
+                        r"(?P<c>\d+)")
+_RAS_RANK = re.compile(r"(?<!\w)Rank (?P<r>\d+) -- GPU (?P<g>\d+) managed by process (?P<p>\d+) "
                        r"on node (?P<node>\S+)")
 
-_FR_START = re.compile(r"^Not all ranks joining collective(?: (?P<old>\d+) at entry (?P<e>\d+)|"
+_FR_START = re.compile(r"Not all ranks joining collective(?: (?P<old>\d+)(?: at entry (?P<e>\d+))?|"
                        r",? sequence number: (?P<seq>\d+))")
 _FR_FIELD = re.compile(r"^(?P<k>group info|collective|missing ranks|input sizes|output sizes|"
                        r"expected ranks|collective state|internal record id): (?P<v>.*)$")
@@ -52,12 +56,16 @@ class BlockParsers:
         self.data: Fields = {}
         self.mode = ""
         self.consumed = False
+        self.failures = FailureSummary()
 
     def feed(self, payload: str, meta: Mapping[str, Any]) -> Events:
+        used, out = self.failures.feed(payload)
+        if used:
+            self.consumed = True
+            return out
         text = payload.strip()
-        out: Events = []
         if self.kind and not self._continue(text):
-            out += self.flush()
+            out += self._flush_block()
         self.consumed = bool(self.kind)
         if not self.kind:
             self._start(text, meta)
@@ -114,9 +122,9 @@ class BlockParsers:
     def _ras(self, text: str) -> bool:
         if m := _RAS_OP.search(text):
             self.data["op"] = m.group("op")
-        elif m := _RAS_COUNT.match(text):
+        elif m := _RAS_COUNT.search(text):
             self.data["counts"].append({"ranks": int(m.group("n")), "op_count": int(m.group("c"))})
-        elif m := _RAS_RANK.match(text):
+        elif m := _RAS_RANK.search(text):
             self.data["listed"].append({"rank": int(m.group("r")), "gpu": int(m.group("g")),
                                         "pid": int(m.group("p")), "node": m.group("node")})
         else:
@@ -140,6 +148,9 @@ class BlockParsers:
         return False
 
     def flush(self) -> Events:
+        return self.failures.flush() + self._flush_block()
+
+    def _flush_block(self) -> Events:
         if not self.kind:
             return []
         kind, data = self.kind, dict(self.data)

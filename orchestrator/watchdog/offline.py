@@ -4,8 +4,11 @@ Pure module (stdlib only); the engine behind `meshyard diagnose --fr DIR --logs 
 Dump files are what `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` / `TORCH_FR_DUMP_TEMP_FILE` produce
 (`<prefix><rank>`, pickled) or the JSON variant; the rank is the file name's trailing number.
 Logs add what dumps lack: per-rank errors (NCCL WARN, watchdog timeouts), progress when there
-is no dump (`last enqueued / completed work`, the desync report's snapshot), and where ranks
-ran (`nccl_init`: host and CUDA device). Never raises: unreadable inputs become `problems`.
+is no dump (`last enqueued / completed work`, the desync report's snapshot), where ranks ran
+(`nccl_init`: host and CUDA device), and which ranks exited (torchrun's failure summary: rank,
+host, exit code, exception, time), so a rank that died is named as the cause of the others'
+wait. Cut (`partial`) events count only for the fields they have. Never raises: unreadable
+inputs become `problems`.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.watchdog.analyze import analyze
 from orchestrator.watchdog.flight_recorder import RankTrace, load_dump, parse_dump
 from orchestrator.watchdog.inputs import DEFAULT_PG, AnalysisInput, PendingOp, RankEvidence
-from orchestrator.watchdog.logs import LogEvent, errors_by_rank, parse_text
+from orchestrator.watchdog.logs import ERROR_KINDS, LogEvent, errors_by_rank, parse_text
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _OP_NAMES = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "ALLTOALL": "all_to_all",
@@ -40,6 +44,45 @@ class _RankLog:
     desync_op: str = ""
     location: RankLocation | None = None
     fingerprint: PendingOp | None = None
+    exit_info: str | None = None
+    exit_time_s: float | None = None
+    exit_code: int | None = None
+    artifacts: tuple[str, ...] = ()
+
+
+def _exit_time(text: str | None) -> float | None:
+    """torchrun prints `2024-05-19_16:39:58` (the agent's local clock): seconds on one scale
+    for ordering the exits of one job."""
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def exit_description(e: LogEvent) -> str:
+    """'exit code 1: RuntimeError: boom' — what a `rank_exited` event says about the exit."""
+    code = e.get("exit_code")
+    sig = e.get("signal")
+    text = "exited" if code is None else f"exit code {code}" + (f" ({sig})" if sig else "")
+    exc = e.get("exception")
+    if exc and not str(exc).startswith("Signal "):
+        text += f": {exc}"
+    return text
+
+
+def _record_exit(out: dict[int, _RankLog], e: LogEvent) -> None:
+    rank = e.get("rank")
+    if not isinstance(rank, int):
+        return
+    rl = out.setdefault(rank, _RankLog())
+    t = _exit_time(e.get("time"))
+    if rl.exit_time_s is not None and t is not None and t > rl.exit_time_s:
+        return  # several summaries name the rank: its first exit is the one that counts
+    rl.exit_info, rl.exit_time_s, rl.exit_code = exit_description(e), t, e.get("exit_code")
+    if e.get("error_file"):
+        rl.artifacts = (str(e.get("error_file")),)
+    if rl.location is None and e.get("host"):
+        rl.location = RankLocation(node=e.get("host"))
 
 
 def _rank_logs(events: Sequence[LogEvent]) -> tuple[dict[int, _RankLog], int]:
@@ -53,13 +96,17 @@ def _rank_logs(events: Sequence[LogEvent]) -> tuple[dict[int, _RankLog], int]:
             nranks = max(nranks, int(e.get("nranks") or 0))
             out.setdefault(e.get("rank"), _RankLog()).location = RankLocation(
                 node=e.get("host"), gpu=e.get("cuda_dev"))
-        elif e.kind == "torch_last_work" and isinstance(rank, int):
+        elif e.kind == "rank_exited":
+            _record_exit(out, e)
+        elif (e.kind == "torch_last_work" and isinstance(rank, int)
+              and e.get("last_completed") is not None):
             pg = str(e.get("pg") or DEFAULT_PG)
             out.setdefault(rank, _RankLog()).last_work[pg] = (e.get("last_enqueued"),
                                                               e.get("last_completed"))
-        elif e.kind == "torch_watchdog_timeout" and isinstance(rank, int):
+        elif (e.kind == "torch_watchdog_timeout" and isinstance(rank, int)
+              and not (e.get("partial") and e.get("seq") is None)):
             out.setdefault(rank, _RankLog()).timeouts.append((e.get("seq"),
-                                                              op_name(e.get("op_type", "?"))))
+                                                              op_name(e.get("op_type") or "?")))
         elif e.kind == "desync_report":
             _desync_snapshot(out, e)
         elif e.kind == "collective_mismatch":
@@ -71,7 +118,7 @@ def _mismatch_fingerprints(out: dict[int, _RankLog], e: LogEvent) -> None:
     """ProcessGroupWrapper's report names two ranks' fingerprints at one seq."""
     seq = e.get("seq")
     for r, fp in (e.get("fingerprints") or {}).items():
-        if seq is None or not fp:
+        if seq is None or not fp or fp.get("partial"):
             continue
         shape = [int(x) for x in re.findall(r"\d+", fp.get("shape") or "")]
         out.setdefault(int(r), _RankLog()).fingerprint = PendingOp(
@@ -119,8 +166,24 @@ def _from_log(rank: int, rl: _RankLog, no_seqs: bool) -> RankEvidence:
                 "last_enqueued_collective": seq, "last_completed_collective": seq}}}, rank=rank)
         else:
             pending.append(PendingOp(op=rl.desync_op, seq=seq, source="log"))
-    return RankEvidence(rank=rank, trace=trace, pending=tuple(pending),
-                        log_errors=tuple(rl.errors[:10]))
+    return _liveness(RankEvidence(rank=rank, trace=trace, pending=tuple(pending),
+                                  log_errors=tuple(rl.errors[:10])), rl)
+
+
+_ABORT_CODES = (-6, 134)  # SIGABRT: how ProcessGroupNCCL's watchdog takes a process down
+
+
+def _liveness(ev: RankEvidence, rl: _RankLog) -> RankEvidence:
+    """`ev` marked exited when the logs say the rank's process exited. A rank its own NCCL
+    watchdog aborted after a collective timed out was waiting when the job hung: it stays a
+    waiter (its exit is listed with its errors), so the rank it waited for is named."""
+    if rl.exit_info is None:
+        return ev
+    if rl.timeouts and rl.exit_code in _ABORT_CODES:
+        note = f"aborted after its watchdog timeout ({rl.exit_info})"
+        return replace(ev, log_errors=(*ev.log_errors, note), artifacts=rl.artifacts)
+    return replace(ev, alive=False, exit_info=rl.exit_info, exit_time_s=rl.exit_time_s,
+                   artifacts=rl.artifacts)
 
 
 @dataclass(frozen=True)
@@ -180,7 +243,8 @@ def build_offline_input(*, fr_dir: Path | None = None, logs_dir: Path | None = N
     for r in range(world):
         rl = logs.get(r, _RankLog())
         if r in traces:
-            ev = RankEvidence(rank=r, trace=traces[r], log_errors=tuple(rl.errors[:10]))
+            ev = _liveness(RankEvidence(rank=r, trace=traces[r],
+                                        log_errors=tuple(rl.errors[:10])), rl)
             for pg, cfg in traces[r].pg_config.items():
                 members.setdefault(pg, cfg.ranks)
         elif r in logs:
@@ -190,9 +254,7 @@ def build_offline_input(*, fr_dir: Path | None = None, logs_dir: Path | None = N
         ranks.append(ev)
     locations = {r: rl.location for r, rl in logs.items() if rl.location is not None}
     members = {pg: m for pg, m in members.items() if m}
-    warn_kinds = {"nccl_warn", "torch_watchdog_timeout", "gloo_timeout", "collective_mismatch",
-                  "heartbeat_stuck", "heartbeat_timeout", "monitored_barrier_failure"}
-    warnings = tuple(e.describe() for e in events if e.kind in warn_kinds)
+    warnings = tuple(e.describe() for e in events if e.kind in ERROR_KINDS)
     return OfflineInput(AnalysisInput(ranks=tuple(ranks), world_size=world, pg_members=members,
                                       locations=locations, trigger="manual"),
                         tuple(problems), warnings)
