@@ -107,8 +107,9 @@ class Unprocessable(ApiError):
 
     problem_type = "urn:meshyard:problem:validation"
 
-    def __init__(self, issues: list[FieldIssue]) -> None:
-        super().__init__(422, _summary(issues), errors=issues)
+    def __init__(self, issues: list[FieldIssue], *,
+                 extensions: Mapping[str, Any] | None = None) -> None:
+        super().__init__(422, _summary(issues), errors=issues, extensions=extensions)
 
 
 def _summary(issues: list[FieldIssue]) -> str:
@@ -121,6 +122,7 @@ def problem(*, status: int, detail: str, instance: str, problem_type: str = "abo
             errors: list[FieldIssue] | None = None,
             headers: Mapping[str, str] | None = None,
             extensions: Mapping[str, Any] | None = None) -> JSONResponse:
+    """A problem+json response; `extensions` are extra members (RFC 9457 section 3.2)."""
     body: dict[str, Any] = {**(extensions or {}),
         "type": problem_type,
         "title": HTTPStatus(status).phrase,

@@ -193,7 +193,7 @@ def tiny_ordering(steps: int) -> dict[str, Any]:
             "spearman": rho, "load_avg": os.getloadavg()}
 
 
-MEASURE = (ROOT / "tests" / "integration" / "test_calibrate_memory.py")
+MEASURE = (ROOT / "tests" / "integration" / "planner" / "test_calibrate_memory.py")
 
 
 def gpt2_memory() -> dict[str, Any]:

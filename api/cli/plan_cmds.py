@@ -30,9 +30,9 @@ from orchestrator.planner.planner import Hardware, PlanningError, PlanRequest, p
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
 
 
-def _fail(message: str, *, as_json: bool) -> typer.Exit:
+def _fail(message: str, *, as_json: bool, details: dict[str, Any] | None = None) -> typer.Exit:
     if as_json:
-        typer.echo(json.dumps({"error": {"message": message}}, indent=2))
+        typer.echo(json.dumps({"error": {**(details or {}), "message": message}}, indent=2))
     else:
         typer.echo(f"error: {message}", err=True)
     return typer.Exit(2)
@@ -109,6 +109,8 @@ def plan_cmd(
             figures=figures)
     except (OSError, ValueError, PlanningError) as exc:
         raise _fail(str(exc), as_json=as_json) from None
+    if result.no_fit is not None:  # nothing feasible: an error that says what would fit
+        raise _fail(result.no_fit.message(), as_json=as_json, details=result.no_fit.as_dict())
     if as_json:
         typer.echo(json.dumps({"result": result.as_dict(), "table": format_table(result)},
                               indent=2))

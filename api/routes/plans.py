@@ -159,6 +159,9 @@ def run_plan(body: PlanBody, *, store: Store, settings: Settings) -> PlanResult:
 def create_plan(body: PlanBody, user: UserDep, store: StoreDep,
                 settings: SettingsDep) -> PlanResponse:
     result = run_plan(body, store=store, settings=settings)
+    if result.no_fit is not None:  # nothing feasible: say what would fit, not "0 feasible"
+        raise Unprocessable([FieldIssue("gpus", result.no_fit.message(), "no_feasible_plan")],
+                            extensions={"no_fit": result.no_fit.as_dict()})
     return PlanResponse(result=result.as_dict(), table=format_table(result))
 
 

@@ -6,7 +6,9 @@ them), per optimizer step:
   tp            all-reduce of the activations, 2 in forward + 2 in backward per block and
                 microbatch (with sequence parallelism: all-gather + reduce-scatter instead)
   dp_shard      FSDP / ZeRO-3: per block all-gather of parameters (forward and again in
-                backward) and reduce-scatter of gradients; ZeRO-1/0: bucketed all-reduce
+                backward, per gradient-accumulation step) and one reduce-scatter of
+                gradients per step (sync is deferred to the last microbatch); ZeRO-1/0:
+                bucketed all-reduce
   dp_replicate  DDP / HSDP replicas: bucketed all-reduce of the (sharded) gradients
   pp            send/recv of activations forward and their gradients backward per microbatch
 
@@ -126,8 +128,11 @@ def communication_signature(mesh: MeshShape, model: ModelDims | None = None) -> 
             gathers = 2 if zero == 3 else 1
             rows.append(CommRow("dp_shard", n, "all_gather", layer_params * d.param_bytes,
                                 gathers * layers * d.grad_accum_steps, 0.7))
+            # once per step: gradient sync is off until the last microbatch (the workers'
+            # accumulation and torch's pipelining both defer it; memory.py counts the
+            # unsharded gradients that holds)
             rows.append(CommRow("dp_shard", n, "reduce_scatter", layer_params * d.grad_bytes,
-                                layers * d.grad_accum_steps, 0.7))
+                                layers, 0.7))
         else:
             rows.append(_bucketed("dp_shard", n, stage_params * d.grad_bytes, d.ddp_bucket_mb,
                                   0.5))

@@ -87,9 +87,9 @@ def resolve_auto(spec: JobSpec, *, cluster: ClusterTopology, hardware: Hardware 
     result = plan(cluster, req, figures=figures)
     if not result.plans:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected_counts.items()))
-        first = result.rejected[0].message if result.rejected else "no configuration"
+        why = result.no_fit.message() if result.no_fit is not None else "no configuration"
         raise PlanningError(f"parallelism: auto found no feasible plan on {req.gpus} GPUs "
-                            f"({counts}; e.g. {first})")
+                            f"({counts}): {why}")
     return parse_spec(resolved_data(spec, result.plans[0], global_batch=req.global_batch)), result
 
 

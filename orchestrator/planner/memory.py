@@ -17,14 +17,40 @@ A pipeline stage holds the activations of its in-flight microbatches: 1F1B keeps
 min(m, p) on the first stage, GPipe all m, interleaved 1F1B with v chunks per rank
 min(m, p) * (1 + (p-1)/(p*v)).
 
+What FSDP (ZeRO-2/3, `fully_shard`) holds beyond that arithmetic, as the workers run it:
+- Gradient sync deferred to the last microbatch. torch.distributed.pipelining runs every
+  microbatch's backward of an FSDP stage with gradient sync and re-sharding off and
+  reduce-scatters once after the last (`perform_reduce_grad`); the workers' gradient
+  accumulation with pp = 1 turns sync off the same way. Until then each rank accumulates
+  the UNSHARDED gradients of its stage: grads = N * grad bytes, not N / dp_shard. The
+  reduce-scatter is charged once per step (cost.py) because that is what runs. The workers
+  keep this rather than re-shard per microbatch: that would multiply the gradient traffic
+  by the microbatch count and override torch's schedule; the planner charges the memory and
+  picks layouts that fit with it.
+- ZeRO-3 with pp > 1: re-sharding after backward is off, so every backward leaves the
+  stage's parameters all-gathered and the peak holds a full copy: + N * param bytes. With
+  pp = 1 they are re-sharded after each block's backward (the root module and the block in
+  use stay unsharded, not counted, as in the ZeRO paper's arithmetic).
+- The sharded storage: with bf16 mixed precision it is the fp32 master copy that the 12
+  optimizer bytes already count; in fp32 there is no separate master, so while a full copy
+  is held (ZeRO-2 from forward to backward, pipelined ZeRO-3) the shard (N / dp_shard) is
+  held next to it.
+- The first pipeline stage keeps one more microbatch of its first chunk's activations: the
+  forward torch.distributed.pipelining runs on the first microbatch to infer shapes keeps its
+  graph (measured on torch 2.13 at 0.7 of a microbatch; counted as one, the upper bound).
+
+`stage_memory(model, cfg, stage=r)` gives pipeline rank r's breakdown (its layers, the
+embedding on rank 0, the head and logits on the last rank, its in-flight microbatches);
+`memory_per_gpu` the busiest rank's.
+
 Example: GPT-2 small (124M) in fp32 with AdamW on one device: 124M * 16 B = 1.99 GB of
 parameters, gradients and states, plus activations.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 _PRECISION = {
@@ -32,6 +58,9 @@ _PRECISION = {
     "bf16-mixed": (2, 2, 12, 2),
     "fp32": (4, 4, 8, 4),
 }
+# Precisions whose optimizer bytes include an fp32 master copy of the parameters (FSDP's
+# sharded storage is then that master, not one more copy).
+_SEPARATE_MASTER = frozenset({"bf16-mixed"})
 
 
 @dataclass(frozen=True)
@@ -126,31 +155,76 @@ class MemoryConfig:
     precision: str = "bf16-mixed"
     fused_attention: bool = True
     foreach_optimizer: bool = True  # CUDA default; on CPU torch steps one tensor at a time
+    # The first and last of the pp * v chunks hold one layer fewer: the embedding and the
+    # head take a layer's place (Llama 3's layout: 126 layers in 16 x 8 chunks).
+    ends_as_layers: bool = False
+
+    @property
+    def deferred_sync(self) -> bool:
+        """FSDP accumulates unsharded gradients over microbatches (see the module doc)."""
+        return (self.zero_stage >= 2 and self.dp_shard > 1
+                and (self.pp > 1 or self.microbatches > 1))
 
 
-def stage_params(model: ModelShape, *, tp: int, pp: int) -> float:
-    """Parameters held by the largest pipeline stage on one TP rank (first stage: its blocks
-    plus the embedding; the LM head of the last stage is counted with the same size)."""
-    blocks = math.ceil(model.n_layers / pp) * model.block_params
-    ends = model.embed_params + (model.head_params if pp == 1 else 0)
-    return (blocks + ends) * model.scale / tp
+@lru_cache(maxsize=4096)
+def chunk_layers(n_layers: int, chunks: int, *, ends_as_layers: bool = False
+                 ) -> tuple[int, ...]:
+    """Transformer blocks per pipeline chunk, in chunk order (chunk c sits on pp rank
+    c % pp). Uneven counts go to the first chunks; with `ends_as_layers` the embedding and
+    the head take one layer's place in the first and last chunk.
+
+    >>> chunk_layers(10, 4)
+    (3, 3, 2, 2)
+    >>> llama3 = chunk_layers(126, 128, ends_as_layers=True)
+    >>> llama3[:2], llama3[-2:]
+    ((0, 1), (1, 0))
+    """
+    slots = n_layers + (2 if ends_as_layers and chunks > 1 else 0)
+    base, extra = divmod(slots, chunks)
+    per = [base + (1 if i < extra else 0) for i in range(chunks)]
+    if ends_as_layers and chunks > 1:
+        per[0] -= 1
+        per[-1] -= 1
+    if min(per) < 0 or sum(per) != n_layers:
+        raise ValueError(f"{n_layers} layers cannot fill {chunks} pipeline chunks")
+    return tuple(per)
 
 
-def in_flight(cfg: MemoryConfig) -> int:
-    """Microbatches whose activations one rank holds at the peak."""
+def rank_layers(model: ModelShape, cfg: MemoryConfig, stage: int) -> tuple[int, int]:
+    """(blocks on pp rank `stage`, blocks in its first chunk)."""
+    per = chunk_layers(model.n_layers, cfg.pp * cfg.virtual_stages,
+                       ends_as_layers=cfg.ends_as_layers)
+    mine = per[stage::cfg.pp]
+    return sum(mine), mine[0]
+
+
+def stage_params(model: ModelShape, *, tp: int, pp: int, stage: int = 0,
+                 cfg: MemoryConfig | None = None) -> float:
+    """Parameters pipeline rank `stage` holds on one TP rank: its blocks, the embedding on
+    the first rank, the LM head and final norm on the last."""
+    c = cfg or MemoryConfig(tp=tp, pp=pp)
+    blocks, _ = rank_layers(model, c, stage)
+    ends = (model.embed_params if stage == 0 else 0) + \
+        (model.head_params if stage == pp - 1 else 0)
+    return (blocks * model.block_params + ends) * model.scale / tp
+
+
+def in_flight(cfg: MemoryConfig, stage: int = 0) -> int:
+    """Microbatches whose activations pipeline rank `stage` holds at the peak (1F1B warms
+    up pp - stage microbatches, as torch's Schedule1F1B does)."""
     if cfg.pp == 1:
         return 1  # gradient accumulation frees each microbatch's activations in its backward
     if cfg.schedule == "gpipe":
         return cfg.microbatches
-    return min(cfg.microbatches, cfg.pp)
+    return min(cfg.microbatches, cfg.pp - stage)
 
 
-def in_flight_factor(cfg: MemoryConfig) -> float:
-    """In-flight microbatches, times 1 + (p-1)/(p*v) for interleaved 1F1B (the first rank
-    warms up with extra chunks; Korthikanti et al. 2022, section 4.2.3)."""
-    base = float(in_flight(cfg))
+def in_flight_factor(cfg: MemoryConfig, stage: int = 0) -> float:
+    """In-flight microbatches, times 1 + (p-1-stage)/(p*v) for interleaved 1F1B (the first
+    rank warms up with extra chunks; Korthikanti et al. 2022, section 4.2.3)."""
+    base = float(in_flight(cfg, stage))
     if cfg.pp > 1 and cfg.virtual_stages > 1:
-        base *= 1 + (cfg.pp - 1) / (cfg.pp * cfg.virtual_stages)
+        base *= 1 + (cfg.pp - 1 - stage) / (cfg.pp * cfg.virtual_stages)
     return base
 
 
@@ -164,25 +238,26 @@ def block_activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
     return per * elt
 
 
-def activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
-    """Peak activation bytes on the busiest rank (first pipeline stage)."""
-    layers = math.ceil(model.n_layers / cfg.pp)
+def activation_bytes(model: ModelShape, cfg: MemoryConfig, stage: int = 0) -> float:
+    """Peak activation bytes on pipeline rank `stage` (see the module doc)."""
+    layers, first_chunk = rank_layers(model, cfg, stage)
     block = block_activation_bytes(model, cfg)
     elt = _PRECISION[cfg.precision][3]
     s, b, h = model.seq_len, cfg.micro_batch, model.d_model
-    if cfg.activation_checkpointing:
-        per_mb = layers * 2 * s * b * h * elt / 2
-        working = block  # one block recomputed at a time in backward
-    else:
-        per_mb = layers * block
-        working = 0.0
-    # logits and their gradient in fp32 on the last stage (pp=1: the same rank)
-    logits = 2 * 4 * s * b * model.vocab_size / cfg.tp if cfg.pp == 1 else 0.0
-    return per_mb * in_flight_factor(cfg) + working + logits
+    per_layer = 2 * s * b * h * elt / 2 if cfg.activation_checkpointing else block
+    working = block if cfg.activation_checkpointing else 0.0  # one block recomputed
+    held = layers * per_layer * in_flight_factor(cfg, stage)
+    last = stage == cfg.pp - 1
+    # logits in fp32 for each in-flight microbatch of the last stage, plus one gradient
+    logits = 4 * s * b * model.vocab_size / cfg.tp * (in_flight(cfg, stage) + 1) if last else 0.0
+    # the first stage's shape-inference forward keeps its graph (module doc)
+    retained = first_chunk * per_layer if cfg.pp > 1 and stage == 0 else 0.0
+    return held + working + logits + retained
 
 
-def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
-    """Bytes per GPU, with the ZeRO stage sharding over dp_shard (see module doc).
+def stage_memory(model: ModelShape, cfg: MemoryConfig, *, stage: int = 0) -> MemoryBreakdown:
+    """Bytes on pipeline rank `stage`, with the ZeRO stage sharding over dp_shard and what
+    FSDP holds beyond it (see the module doc).
 
     `workspace`: PyTorch's multi-tensor (foreach) Adam/AdamW step computes sqrt(v) for every
     parameter it updates into a new fp32 tensor list before the update, so the step briefly
@@ -193,17 +268,26 @@ def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
     if cfg.precision not in _PRECISION:
         raise ValueError(f"precision={cfg.precision!r}: use one of {sorted(_PRECISION)}")
     pb, gb, ob, _ = _PRECISION[cfg.precision]
-    n = stage_params(model, tp=cfg.tp, pp=cfg.pp)
+    n = stage_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage, cfg=cfg)
     d = max(1, cfg.dp_shard)
-    z = cfg.zero_stage
+    z = cfg.zero_stage if d > 1 else 0
+    full_copy = z < 3 or (cfg.deferred_sync and cfg.pp > 1)
+    shard = z >= 3 or (z == 2 and cfg.precision not in _SEPARATE_MASTER)
     return MemoryBreakdown(
-        params=n * pb / (d if z >= 3 else 1),
-        grads=n * gb / (d if z >= 2 else 1),
+        params=n * pb * (int(full_copy) + (1 / d if shard else 0)),
+        grads=n * gb / (d if z >= 2 and not cfg.deferred_sync else 1),
         optimizer=n * ob / (d if z >= 1 else 1),
-        activations=activation_bytes(model, cfg),
+        activations=activation_bytes(model, cfg, stage),
         workspace=(n * 4 / (d if z >= 1 else 1) if cfg.foreach_optimizer
                    else 4 * model.vocab_size * model.d_model / cfg.tp),
     )
+
+
+def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:
+    """Bytes on the busiest GPU: the pipeline rank with the largest total (the first holds
+    the embedding and the most in-flight microbatches, the last the head and the logits)."""
+    stages = (0, cfg.pp - 1) if cfg.pp > 1 else (0,)
+    return max((stage_memory(model, cfg, stage=r) for r in stages), key=lambda m: m.total)
 
 
 # Published sizes (params given where the derived count of a plain GPT block would differ:

@@ -30,6 +30,7 @@ class Layout:
     links: LinkModel
     tp_domain: int
     notes: tuple[str, ...]
+    node_gpus: int = 1  # free GPUs of the fullest node used (the unit of "more GPUs")
     _cache: dict[tuple[object, ...], Link | None] = field(default_factory=dict)
 
     def dimension_link(self, mesh: MeshShape, dim: str) -> Link | None:
@@ -91,4 +92,5 @@ def layout_for(cluster: ClusterTopology, *, gpus: int | None,
         domain = min(len(n.free_gpus) for n in nodes if n.name in used)
         notes.append("no NVLink in the chosen nodes: TP groups may span a node's PCIe links")
     return Layout(slots=slots, links=LinkModel(cluster, figures), tp_domain=domain,
-                  notes=tuple(notes))
+                  notes=tuple(notes),
+                  node_gpus=max(len(n.free_gpus) for n in nodes if n.name in used))
