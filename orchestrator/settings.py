@@ -42,6 +42,10 @@ class Settings(BaseSettings):
         default=0, ge=0, le=64,
         description="Pre-started worker actors per CPU node, reused across jobs (0 = off).",
     )
+    confine_workers: bool = Field(
+        default=True, description="Start the embedded Ray confined (Landlock) out of the "
+        "data dir, except the run dirs and data roots; without Landlock it starts unconfined "
+        "and logs why.")
 
     # -- deployment policy: which code and data a job may use ------------------------------
     code_roles: CommaList = Field(
