@@ -60,7 +60,7 @@ class LocalRay:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> LocalRay:
-        inside = [Path(settings.runs_dir), *(Path(r) for r in settings.policy().data_roots)]
+        inside = [settings.resolved_runs_dir, *(Path(r) for r in settings.policy().data_roots)]
         return cls(private_dir=Path(settings.data_dir),
                    open_inside=tuple(p.resolve() for p in inside),
                    secrets=tuple(s for s in (settings.admin_token, settings.database_url) if s),
@@ -186,7 +186,7 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         t0 = time.perf_counter()
-        runs = Path(self.settings.runs_dir).resolve()
+        runs = Path(self.settings.resolved_runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)  # before Ray starts: it stays open to jobs
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
