@@ -32,6 +32,7 @@ import ray
 from orchestrator.placement.links import LinkFigures
 from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.calibration.figures import path_in as calibration_path
+from orchestrator.quotas import Quota, effective_quota
 from orchestrator.runtime.events import NAMESPACE
 from orchestrator.runtime.nodes import TopologySource, register_nodes
 from orchestrator.runtime.poller import Poller, sweep_orphans
@@ -179,6 +180,14 @@ class Runtime:
         self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
+    def _quota_for(self, owner: str) -> Quota:
+        """The owner's running limits: set for them, else the server's defaults (admins:
+        unlimited unless set)."""
+        user = self.store.get_user(owner)
+        return effective_quota(self.store.get_quota(owner),
+                               defaults=self.settings.quota_defaults(),
+                               is_admin=user is not None and user.is_admin)
+
     def _link_figures(self) -> LinkFigures | None:
         """Calibrated link figures (`meshyard calibrate` writes them into the data dir)."""
         return _calibrated_figures(Path(self.settings.data_dir))
@@ -194,7 +203,8 @@ class Runtime:
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
-                                   figures=self._link_figures)
+                                   figures=self._link_figures, quota_for=self._quota_for,
+                                   allow_fault_injection=self.settings.allow_fault_injection)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
