@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 
 from api.app import Runtime, create_app
 from api.client import ADMIN_TOKEN_FILE, SERVER_FILE, MeshyardAPIError, MeshyardClient
+from api.process_secrets import hide_secrets
 from orchestrator.settings import Settings
 from orchestrator.store.db import make_engine, upgrade_database
 from orchestrator.store.repo import Store
@@ -147,6 +148,9 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
         # Embedded default: the local Ray (and so gloo's rendezvous) on loopback. Ray reads
         # this once, when it is first imported, and runtime modules import it; set it first.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Before Ray starts (it copies this process's command line into its job table): the
+    # database URL and a seeded admin token leave /proc/<pid>/environ and cmdline.
+    log.info("secrets: %s", hide_secrets(values=(settings.admin_token, settings.database_url)))
     prepared = prepare(settings)
     if prepared.created_admin_token:
         print("Created the admin user. Its token is shown once and saved to "

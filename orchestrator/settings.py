@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MESHYARD_", extra="ignore")
 
     data_dir: Path = Field(default=Path(".meshyard"), description="State, logs, run dirs.")
+    runs_dir: Path | None = Field(
+        default=None, description="Where jobs' run dirs (logs, checkpoints, evidence) go; default "
+        "<data dir>/runs. Outside the data dir when jobs run as another OS user.")
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/meshyard.db"
     )
@@ -42,6 +45,10 @@ class Settings(BaseSettings):
         default=0, ge=0, le=64,
         description="Pre-started worker actors per CPU node, reused across jobs (0 = off).",
     )
+    confine_workers: bool = Field(
+        default=True, description="Start the embedded Ray confined (Landlock) out of the "
+        "data dir, except the run dirs and data roots; without Landlock it starts unconfined "
+        "and logs why.")
 
     # -- deployment policy: which code and data a job may use ------------------------------
     code_roles: CommaList = Field(
@@ -99,8 +106,8 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'meshyard.db').resolve()}"
 
     @property
-    def runs_dir(self) -> Path:
-        return self.data_dir / "runs"
+    def resolved_runs_dir(self) -> Path:
+        return self.runs_dir or self.data_dir / "runs"
 
     @property
     def datasets_dir(self) -> Path:

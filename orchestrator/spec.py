@@ -312,7 +312,8 @@ class JobSpec(_Frozen):
     version: Literal[1] = Field(default=SPEC_VERSION, description="JobSpec schema version.")
     name: str = Field(min_length=1, max_length=lim.MAX_NAME_CHARS, pattern=PRINTABLE_RE,
                       description="Human-readable job name (no control characters).")
-    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher is scheduled first.")
+    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher is scheduled "
+                          "first (non-admins: at most their max_priority quota, default 0).")
     resources: Resources = Field(default_factory=Resources, description="Per-worker resources.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Parallel degrees.")
     placement: PlacementConstraints = Field(

@@ -30,7 +30,7 @@ ALLOWED_NAMES = frozenset({
 })
 ALLOWED_PREFIXES = (
     "LC_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "GLOO_", "UCX_",
-    "FI_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "RAY_",
+    "FI_", "TP_", "KMP_", "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "RAY_",
 )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import ray
 
+from orchestrator.worker_env import allowlisted
 from workers.assignment import RankAssignment, RankResult, WorkerPoll, WorkerState
 from workers.logcapture import LogCapture, private_opener
 
@@ -107,6 +108,12 @@ class WorkerActor:
     """One rank. Ray restarts nothing here: a dead actor is a failed attempt."""
 
     def __init__(self) -> None:
+        # A job sees an explicit environment: the allowlist of orchestrator/worker_env.py
+        # (PATH, locale, CUDA_*, NCCL_*, RAY_*, ...), then its rank's own variables. Whatever
+        # else the node's environment holds stays out of the job's reach.
+        kept = allowlisted(os.environ)
+        os.environ.clear()
+        os.environ.update(kept)
         self._stop = threading.Event()
         self._buf = _Buffer(rank=-1)
         self._state = WorkerState.IDLE

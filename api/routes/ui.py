@@ -194,18 +194,20 @@ def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Resp
 @router.get("/jobs/{job_id}/artifacts/{diagnosis_id}/{index}")
 def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
              store: StoreDep, request: Request) -> Response:
-    """Serves only a path a stored diagnosis lists, and only from under the data dir: the URL
-    names an index, never a path."""
+    """Serves only a path a stored diagnosis lists, and only from under the data dir or the
+    runs dir: the URL names an index, never a path."""
     job = store.get_job(_job_id(job_id), viewer=session.user)
     diagnoses = store.list_diagnoses(job.id) if job is not None else []
     found = next((d for d in diagnoses if d.id == diagnosis_id), None)
     paths = list(found.report.get("artifacts") or []) if found is not None else []
     if not 0 <= index < len(paths):
         raise NotFound("no such artifact")
-    data_dir = request.app.state.settings.data_dir.resolve()
+    settings = request.app.state.settings
+    data_dir = settings.data_dir.resolve()
     path = Path(str(paths[index]))
     path = (path if path.is_absolute() else data_dir / path).resolve()
-    if not path.is_relative_to(data_dir) or not path.is_file():
+    roots = (data_dir, Path(settings.resolved_runs_dir).resolve())
+    if not any(path.is_relative_to(r) for r in roots) or not path.is_file():
         raise NotFound(f"artifact {paths[index]!r} is not available on this server")
     return secure(FileResponse(path, media_type="text/plain; charset=utf-8",
                                filename=path.name, content_disposition_type="attachment"))

@@ -99,6 +99,7 @@ class PendingKind(StrEnum):
     WAITING = "waiting"
     FRAGMENTED = "fragmented"
     PLACEMENT_TIMEOUT = "placement_timeout"
+    QUOTA = "quota"  # the owner's running GPU / CPU quota is full (orchestrator/quotas.py)
 
 
 _KIND = {FailureReason.INFEASIBLE: PendingKind.INFEASIBLE,

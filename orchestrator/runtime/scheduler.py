@@ -1,10 +1,16 @@
 """The scheduler loop: queued jobs -> gang reservation (one placement group) + a controller.
 
-Order: priority (higher first), then FIFO (submission order). Every queued job is tried in
-that order against what is still free after the jobs placed before it in the same tick; a job
+Order: priority (higher first), then fair share between users (orchestrator/fairshare.py:
+the owner holding the smallest dominant share of the cluster goes next, counting the jobs
+placed earlier in the same tick), then submission order. Every queued job is tried in that
+order against what is still free after the jobs placed before it in the same tick; a job
 that does not fit records why (`pending_reason`, with numbers) and the scan goes on, so an
 infeasible or large job never blocks smaller ones behind it (no head-of-line blocking). The
 price is that a large waiting job can be overtaken by smaller ones while it waits.
+
+A job whose owner's running GPU / CPU quota is full waits with `kind: quota`. A job already
+told why it waits is not planned again until it or the cluster changes (runtime/plan_memo.py),
+so an idle tick costs the same with 10 queued jobs as with 10,000.
 
 Placing a job: QUEUED -> PLACING (reason PLACEMENT_FOUND, the solver's summary), a new attempt
 with the plan, one detached named placement group with a bundle per rank pinned to the
@@ -15,19 +21,23 @@ which waits for the group (spec.placement.timeout_s) and reports back through th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ray.util.placement_group import placement_group
 
+from orchestrator.fairshare import Queued, fair_order
 from orchestrator.lifecycle import JobState, Reason
-from orchestrator.placement.gang_plan import GangPlan, Pending, PlanDevice, plan_job
-from orchestrator.placement.holds import busy_gpus, gpu_holds
+from orchestrator.placement.gang_plan import GangPlan, Pending, PendingKind, PlanDevice, plan_job
+from orchestrator.placement.holds import GpuHold, busy_gpus, gpu_holds
 from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
+from orchestrator.quotas import Quota, Usage, job_size, running_block
 from orchestrator.runtime.controller import launch_controller
 from orchestrator.runtime.events import AttemptConfig, pg_name
 from orchestrator.runtime.nodes import read_ray_nodes
+from orchestrator.runtime.plan_memo import PlanMemo
 from orchestrator.runtime.policy import AttemptFailure, avoid_nodes
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
@@ -37,6 +47,7 @@ from orchestrator.topology.model import ClusterTopology
 log = logging.getLogger("meshyard.scheduler")
 
 TopologyFn = Callable[[list[RayNode]], ClusterTopology | None]
+PlanFn = Callable[..., GangPlan | Pending]
 
 
 class Scheduler:
@@ -44,8 +55,15 @@ class Scheduler:
                  near_node_id: str | None = None, train_fn: str | None = None,
                  extra_env: dict[str, str] | None = None,
                  launching: set[str] | None = None, use_pool: bool = False,
-                 figures: Callable[[], LinkFigures | None] | None = None) -> None:
+                 figures: Callable[[], LinkFigures | None] | None = None,
+                 quota_for: Callable[[str], Quota] | None = None,
+                 allow_fault_injection: bool = True, plan: PlanFn = plan_job) -> None:
         self.store = store
+        self._quota_for = quota_for or (lambda owner: Quota())
+        self.allow_fault_injection = allow_fault_injection
+        self._plan = plan  # the gang planner (tests count its calls)
+        self._memo = PlanMemo()
+        self._specs: dict[str, JobSpec] = {}  # parsed once: a stored spec never changes
         # link figures for the cost model: calibrated ones (meshyard calibrate) when present
         self._figures = figures or (lambda: None)
         self.use_pool = use_pool
@@ -57,42 +75,107 @@ class Scheduler:
         self.extra_env = dict(extra_env or {})
 
     # -- the cluster now ------------------------------------------------------------------
-    def snapshot(self) -> ClusterSnapshot:
-        holds = [h for _, held in gpu_holds(self.store) for h in held]
+    def snapshot(self, held: Sequence[tuple[Any, Sequence[GpuHold]]] | None = None
+                 ) -> ClusterSnapshot:
+        held = gpu_holds(self.store) if held is None else held
         ray_nodes = read_ray_nodes()
         return build_snapshot(ray_nodes=ray_nodes, topology=self._topology(ray_nodes),
-                              busy=busy_gpus(holds))
+                              busy=busy_gpus([h for _, hs in held for h in hs]))
 
     # -- one pass -----------------------------------------------------------------------------
     def tick(self) -> list[str]:
         """Tries every queued job once; returns the ids placed in this pass."""
         queued = self.store.queued_jobs()
         if not queued:
+            self._memo.keep_only(())
             return []
-        snap = self.snapshot()
-        placed = []
-        for job in queued:
-            try:
-                spec = parse_spec(job.spec)
-            except ValueError as exc:  # a stored spec that no longer parses: fail it loudly
-                self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
-                                      message=f"stored spec is invalid: {exc}")
+        held = gpu_holds(self.store)
+        return self.schedule(queued, self.snapshot(held), held=held)
+
+    def schedule(self, queued: Sequence[JobRecord], snap: ClusterSnapshot, *,
+                 held: Sequence[tuple[Any, Sequence[GpuHold]]]) -> list[str]:
+        """One pass over `queued` against `snap`; `held`: the active jobs and their GPUs."""
+        figures = self._figures()
+        self._memo.begin_pass(figures)
+        specs = self._parsed(queued)
+        usage = self._usage_by_owner(snap, held)
+        total = Usage(gpus=snap.total_gpus, cpus=sum(r.cpus for r in snap.ray_nodes))
+        gpu_cluster = snap.total_gpus > 0
+        by_id = {job.id: job for job in queued if job.id in specs}
+        order = fair_order([Queued(j.id, j.owner, j.priority, j.seq,
+                                   job_size(specs[j.id], cluster_has_gpus=gpu_cluster))
+                            for j in by_id.values()], held=usage, total=total)
+        quotas: dict[str, Quota] = {}
+        placed: list[str] = []
+        fingerprint: Hashable = self._memo.fingerprint(snap)
+        for q in order:
+            job, spec = by_id[q.id], specs[q.id]
+            quota = quotas.setdefault(job.owner, self._quota_for(job.owner))
+            over = running_block(quota, held=usage.get(job.owner, Usage()), size=q.size)
+            if over is not None:
+                self._set_pending(job, Pending(PendingKind.QUOTA, over))
                 continue
-            decision = plan_job(spec, snap, avoid=self._avoid(job), figures=self._figures())
+            key = (job.id, job.current_attempt, job.updated_at)
+            if self._memo.still_waiting(key, fingerprint) is not None:
+                continue  # same job, same cluster: the same reason to wait, already recorded
+            decision = self._plan(spec, snap, avoid=self._avoid(job), figures=figures)
             if isinstance(decision, Pending):
+                self._memo.remember(key, fingerprint, decision)
                 self._set_pending(job, decision)
                 continue
-            self.launching.add(job.id)
-            try:
-                self._launch(job, spec, decision, snap)
-            except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
-                log.exception("launching %s failed", job.id)
+            if not self._try_launch(job, spec, decision, snap):
                 continue
-            finally:
-                self.launching.discard(job.id)
             placed.append(job.id)
+            usage[job.owner] = usage.get(job.owner, Usage()) + q.size
             snap = snap.reserve(gpus=decision.gpus_by_node(), cpus=decision.cpus_by_node())
+            fingerprint = self._memo.fingerprint(snap)
+        self._memo.keep_only(j.id for j in queued if j.id not in placed)
         return placed
+
+    def _parsed(self, queued: Sequence[JobRecord]) -> dict[str, JobSpec]:
+        """Each queued job's spec, parsed once; a stored spec that no longer parses fails."""
+        out: dict[str, JobSpec] = {}
+        for job in queued:
+            spec = self._specs.get(job.id)
+            if spec is None:
+                try:
+                    spec = parse_spec(job.spec)
+                except ValueError as exc:  # fail it loudly
+                    self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
+                                          message=f"stored spec is invalid: {exc}")
+                    continue
+                self._specs[job.id] = spec
+            out[job.id] = spec
+        if len(self._specs) > 4 * len(queued) + 1024:  # drop specs of jobs long placed
+            self._specs = {k: v for k, v in self._specs.items() if k in out}
+        return out
+
+    def _usage_by_owner(self, snap: ClusterSnapshot,
+                        held: Sequence[tuple[Any, Sequence[GpuHold]]]) -> dict[str, Usage]:
+        """What each user's active jobs hold: their GPUs, and their ranks' CPUs."""
+        out: dict[str, Usage] = {}
+        for job, gpus in held:
+            spec = self._specs.get(job.id)
+            if spec is None:
+                try:
+                    spec = self._specs.setdefault(job.id, parse_spec(job.spec))
+                except ValueError:
+                    continue
+            cpus = spec.world_size * spec.resources.cpus_per_worker
+            out[job.owner] = out.get(job.owner, Usage()) + Usage(gpus=len(gpus), cpus=cpus)
+        return out
+
+    def _try_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
+                    snap: ClusterSnapshot) -> bool:
+        self.launching.add(job.id)
+        try:
+            self._launch(job, spec, plan, snap)
+        except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
+            log.exception("launching %s failed", job.id)
+            return False
+        finally:
+            self.launching.discard(job.id)
+        return True
 
     def _avoid(self, job: JobRecord) -> set[str]:
         """Nodes the job's next attempt avoids (`policy.avoid_nodes` over its failures)."""
@@ -130,6 +213,11 @@ class Scheduler:
             used = {b.node for b in plan.bundles}
             cluster = ClusterTopology(levels=snap.cluster.levels,
                                       nodes=tuple(n for n in snap.cluster.nodes if n.name in used))
+        if spec.inject_fault is not None and not self.allow_fault_injection:
+            # Stored while the server allowed it, run after a restart that does not: the
+            # fault stays out, whatever the spec says.
+            log.warning("job %s: inject_fault dropped (fault injection is off)", job.id)
+            spec = spec.model_copy(update={"inject_fault": None})
         return AttemptConfig(
             job_id=job.id, attempt=number, spec=spec, bundles=plan.bundles,
             run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,

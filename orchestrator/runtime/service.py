@@ -17,10 +17,13 @@ Warm pool (orchestrator/runtime/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WA
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +32,65 @@ import ray
 from orchestrator.placement.links import LinkFigures
 from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.calibration.figures import path_in as calibration_path
+from orchestrator.quotas import Quota, effective_quota
 from orchestrator.runtime.events import NAMESPACE
 from orchestrator.runtime.nodes import TopologySource, register_nodes
 from orchestrator.runtime.poller import Poller, sweep_orphans
 from orchestrator.runtime.pool import ensure_pool, find_pool
+from orchestrator.runtime.sandbox import ConfinedStarter
 from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
+from orchestrator.worker_env import scrub
 
 log = logging.getLogger("meshyard.runtime")
 _SWEEP_EVERY_S = 30.0
 
 
-def connect_ray(address: str | None) -> bool:
-    """Connects this process to Ray; returns True when it started a local cluster.
+@dataclass(frozen=True)
+class LocalRay:
+    """How the embedded Ray is started: with an environment holding none of the control
+    plane's secrets (orchestrator/worker_env.py), and — `confine` — out of the private data
+    dir (Landlock, runtime/sandbox.py) except the directories jobs use."""
+
+    private_dir: Path
+    open_inside: tuple[Path, ...] = ()
+    secrets: tuple[str, ...] = ()
+    confine: bool = True
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> LocalRay:
+        inside = [settings.resolved_runs_dir, *(Path(r) for r in settings.policy().data_roots)]
+        return cls(private_dir=Path(settings.data_dir),
+                   open_inside=tuple(p.resolve() for p in inside),
+                   secrets=tuple(s for s in (settings.admin_token, settings.database_url) if s),
+                   confine=settings.confine_workers)
+
+
+@contextmanager
+def _scrubbed_environ(secrets: tuple[str, ...]) -> Iterator[None]:
+    """os.environ without meshyard's secrets while Ray's processes are started (they copy
+    the environment then); restored after, for this process's own later reads."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(scrub(saved, secrets=secrets))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def connect_ray(address: str | None, *, local: LocalRay | None = None
+                ) -> bool | ConfinedStarter:
+    """Connects this process to Ray; returns True (or, with `local`, the starter thread to
+    close after `ray.shutdown()`) when it started a local cluster, False when it joined one.
 
     A local Ray binds 127.0.0.1 when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was in the
     environment before ray was first imported (`meshyard serve` sets it for the embedded
-    default; Ray reads it once)."""
+    default; Ray reads it once). With `local`, the local Ray's processes — and so every job's
+    code — start confined and without the secrets (see LocalRay)."""
     if ray.is_initialized():
         return False
     # ray.init replaces the SIGTERM handler with one that raises SystemExit wherever the main
@@ -60,10 +103,25 @@ def connect_ray(address: str | None) -> bool:
                      logging_level=logging.WARNING)
             return False
         # address="local": start our own Ray; a bare init() joins any Ray already on the host.
-        ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.WARNING,
-                 _node_ip_address="127.0.0.1")
-        return True
+        def start() -> None:
+            ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING,
+                     _node_ip_address="127.0.0.1")
+
+        if local is None:
+            start()
+            return True
+        with _scrubbed_environ(local.secrets):
+            if not local.confine:
+                log.warning("local Ray: not confined (MESHYARD_CONFINE_WORKERS is off): jobs "
+                            "can read the data dir")
+                start()
+                return True
+            starter = ConfinedStarter(start, private=local.private_dir,
+                                      open_inside=local.open_inside).start()
+        how = starter.confinement
+        (log.info if how.active else log.warning)("local Ray: %s", how.detail)
+        return starter
     finally:
         if main and saved is not None:
             signal.signal(signal.SIGTERM, saved)
@@ -112,7 +170,7 @@ class Runtime:
         self.tick_s = tick_s
         self.train_fn = train_fn
         self.extra_env = extra_env
-        self.owns_ray = False
+        self.owns_ray: bool | ConfinedStarter = False
         self.topology = TopologySource(cluster_file=settings.cluster_file, discovery=discovery)
         self._loops: list[_Loop] = []
         self._last_sweep = 0.0
@@ -122,6 +180,14 @@ class Runtime:
         self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
+    def _quota_for(self, owner: str) -> Quota:
+        """The owner's running limits: set for them, else the server's defaults (admins:
+        unlimited unless set)."""
+        user = self.store.get_user(owner)
+        return effective_quota(self.store.get_quota(owner),
+                               defaults=self.settings.quota_defaults(),
+                               is_admin=user is not None and user.is_admin)
+
     def _link_figures(self) -> LinkFigures | None:
         """Calibrated link figures (`meshyard calibrate` writes them into the data dir)."""
         return _calibrated_figures(Path(self.settings.data_dir))
@@ -129,14 +195,16 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.owns_ray = connect_ray(self.settings.ray_address)
-        runs = Path(self.settings.runs_dir).resolve()
-        runs.mkdir(parents=True, exist_ok=True)
+        runs = Path(self.settings.resolved_runs_dir).resolve()
+        runs.mkdir(parents=True, exist_ok=True)  # before Ray starts: it stays open to jobs
+        self.owns_ray = connect_ray(self.settings.ray_address,
+                                    local=LocalRay.for_settings(self.settings))
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, topology=self.topology.current,
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
-                                   figures=self._link_figures)
+                                   figures=self._link_figures, quota_for=self._quota_for,
+                                   allow_fault_injection=self.settings.allow_fault_injection)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
@@ -165,6 +233,8 @@ class Runtime:
             self.elector = None
         if self.owns_ray:
             ray.shutdown()
+            if isinstance(self.owns_ray, ConfinedStarter):
+                self.owns_ray.close()
             self.owns_ray = False
 
     # -- leadership -----------------------------------------------------------------------

@@ -29,7 +29,7 @@ PURE_IN_IMPURE = ("orchestrator.runtime", "orchestrator.runtime.events",
                   "orchestrator.runtime.policy", "orchestrator.runtime.failures")
 PURE_WORKERS = ("workers.assignment",)
 WORKERS_MAY_IMPORT = (
-    "orchestrator.spec", "orchestrator.mesh", "orchestrator.documents",
+    "orchestrator.spec", "orchestrator.mesh", "orchestrator.documents", "orchestrator.worker_env",
     "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
     "orchestrator.watchdog.evidence_files", "orchestrator.planner.calibration.fit",
 )

@@ -65,7 +65,7 @@ def _data_dir_dump(data_dir: Path) -> dict[str, str]:
     return out
 
 
-def build(vocab_size: int = 64, d: int = 16, data_dir: str = "") -> nn.Module:
+def build(vocab_size: int = 256, d: int = 16, data_dir: str = "") -> nn.Module:
     report: dict[str, Any] = {
         "uid": os.getuid(), "cwd": os.getcwd(), "environ": dict(os.environ),
         "run_dir": os.environ.get("MESHYARD_RUN_DIR"),

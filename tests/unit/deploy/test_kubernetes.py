@@ -161,7 +161,9 @@ def test_control_plane_wiring(rendered: Docs, overlay: str) -> None:
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     c = dep["spec"]["template"]["spec"]["containers"][0]
     script = " ".join(c["args"])
-    assert script.startswith('ray start --address="$MESHYARD_RAY_ADDRESS" --num-cpus=0 '
+    # A zero-resource Ray node (a local driver), started without the control plane's secrets.
+    assert script.startswith("env -u MESHYARD_ADMIN_TOKEN -u MESHYARD_DATABASE_URL "
+                             'ray start --address="$MESHYARD_RAY_ADDRESS" --num-cpus=0 '
                              "--num-gpus=0"), "a zero-resource Ray node: a local driver"
     assert 'exec meshyard serve --ray-address "$MESHYARD_RAY_ADDRESS"' in script
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import landlock_abi, run_confined
+from orchestrator.runtime.sandbox import landlock_abi, run_confined
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock; "
                                 "the runtime then starts Ray unconfined and says so")

@@ -13,9 +13,10 @@ only grant, so "everything else" is granted piece by piece: every entry beside t
 listed (names only). Entries created later directly in those directories (`/`, the data dir's
 parent) are not covered: a job writes under its run dir.
 
-`run_confined(fn, ...)` calls fn on a fresh thread that confines itself first, so only what fn
-starts is confined, never the calling process. Without Landlock it calls fn unconfined and
-says so (`Confinement.active` False, with the reason).
+`ConfinedStarter(fn, ...)` calls fn on a fresh thread that confines itself first, so only
+what fn starts is confined, never the calling process; the thread then waits until closed
+(see its docstring). Without Landlock it calls fn unconfined and says so
+(`Confinement.active` False, with the reason).
 """
 
 from __future__ import annotations
@@ -132,30 +133,57 @@ def confine_this_thread(private: Path, *, open_inside: Iterable[Path] = ()) -> N
         os.close(ruleset)
 
 
+class ConfinedStarter:
+    """A thread that confines itself, runs `fn`, and then stays alive until `close()`.
+
+    It must outlive what it started: Ray starts its GCS and raylet with PR_SET_PDEATHSIG,
+    which the kernel fires when the *thread* that created them exits, not the process.
+    Without Landlock, fn runs unconfined and `confinement` says why."""
+
+    def __init__(self, fn: Callable[[], T], *, private: Path,
+                 open_inside: Iterable[Path] = ()) -> None:
+        self._fn, self._private, self._inside = fn, private, list(open_inside)
+        self._started, self._stop = threading.Event(), threading.Event()
+        self._errors: list[BaseException] = []
+        self.confinement = Confinement(False, "not started")
+        self._thread = threading.Thread(target=self._run, name="meshyard-confined-start",
+                                        daemon=True)
+
+    def start(self) -> ConfinedStarter:
+        """Runs fn on the thread; returns when it has finished (its exception re-raised)."""
+        self._thread.start()
+        self._started.wait()
+        if self._errors:
+            self.close()
+            raise self._errors[0]
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            confine_this_thread(self._private, open_inside=self._inside)
+            shown = ", ".join(map(str, self._inside)) or "nothing"
+            self.confinement = Confinement(True, f"no process started here may open files "
+                                           f"beneath {self._private} (except {shown})")
+        except OSError as exc:
+            self.confinement = Confinement(False, f"not confined: {exc}")
+        try:
+            self._fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            self._errors.append(exc)
+        self._started.set()
+        self._stop.wait()
+
+
 def run_confined(fn: Callable[[], T], *, private: Path,
                  open_inside: Iterable[Path] = ()) -> tuple[T, Confinement]:
-    """fn() on a new thread confined as above; its return value (or exception) comes back.
-    Without Landlock, fn runs unconfined on that thread and the Confinement says why."""
+    """fn() on a confined thread that ends with it, for work that is over when fn returns
+    (processes fn waits for). Its return value (or exception) comes back."""
     result: list[T] = []
-    errors: list[BaseException] = []
-    state: list[Confinement] = []
-    inside = list(open_inside)
-
-    def target() -> None:
-        try:
-            confine_this_thread(private, open_inside=inside)
-            state.append(Confinement(True, f"no process started here may open files beneath "
-                                     f"{private} (except {', '.join(map(str, inside))})"))
-        except OSError as exc:
-            state.append(Confinement(False, f"not confined: {exc}"))
-        try:
-            result.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="meshyard-confined-start")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0], state[0]
+    starter = ConfinedStarter(lambda: result.append(fn()), private=private,
+                              open_inside=open_inside).start()
+    starter.close()
+    return result[0], starter.confinement
