@@ -29,10 +29,22 @@ def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                                                 help="Job spec (.yaml, .yml or .json).")],
            submission_id: Annotated[str | None, typer.Option(
                help="Idempotency key: resubmitting with it returns the same job.")] = None,
+           working_dir: Annotated[Path | None, typer.Option(
+               "--working-dir", file_okay=False,
+               help="Ship this directory as the entrypoint's code (zipped with .gitignore / "
+               ".meshyardignore excludes, uploaded, recorded in the spec).")] = None,
            url: UrlOpt = None, token: TokenOpt = None, data_dir: DataDirOpt = None,
            as_json: JsonOpt = False) -> None:
     """Submit a job spec; prints the job id."""
-    job = _run(url, token, data_dir, lambda c: c.submit(file, submission_id=submission_id))
+    if working_dir is not None:
+        try:
+            job = _run(url, token, data_dir, lambda c: c.submit_with_code(
+                file, working_dir=working_dir, submission_id=submission_id))
+        except (ValueError, FileNotFoundError) as exc:
+            typer.echo(f"cannot ship {working_dir}: {exc}", err=True)
+            raise typer.Exit(1) from None
+    else:
+        job = _run(url, token, data_dir, lambda c: c.submit(file, submission_id=submission_id))
     if as_json:
         _print_json(job)
     else:

@@ -48,6 +48,7 @@ class RankFailure:
     node_id: str | None = None
     traceback: str = ""
     time: float = 0.0
+    setup_error: bool = False  # user code that could not load (its import failed, ...)
 
     @property
     def died(self) -> bool:

@@ -136,7 +136,8 @@ class Runtime:
                                    near_node_id=ray.get_runtime_context().get_node_id(),
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
-                                   figures=self._link_figures)
+                                   figures=self._link_figures,
+                                   packages_dir=Path(self.settings.packages_dir).resolve())
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
