@@ -129,6 +129,12 @@ def apply_data_parallel(module: nn.Module, *, kind: str, mesh: DeviceMesh | None
         raise UnsupportedLayoutError(
             "DDP / ZeRO-1 with tp > 1 is not supported; shard data parallelism with dp_shard "
             "(FSDP, zero_stage 2/3) when combining it with TP")
-    group = mesh.get_group("dp") if kind == "zero1" or dp_shard > 1 \
+    return apply_ddp(module, group=ddp_group(mesh, kind=kind, dp_shard=dp_shard),
+                     device=device, bucket_cap_mb=bucket_cap_mb)
+
+
+def ddp_group(mesh: DeviceMesh, *, kind: str, dp_shard: int) -> Any:
+    """The group DDP reduces over: the flattened "dp" (ZeRO-1, or DDP across dp_shard
+    ranks), else the replicate dimension."""
+    return mesh.get_group("dp") if kind == "zero1" or dp_shard > 1 \
         else mesh.get_group("dp_replicate")
-    return apply_ddp(module, group=group, device=device, bucket_cap_mb=bucket_cap_mb)

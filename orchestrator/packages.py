@@ -84,7 +84,8 @@ def check_zip(path: Path, *, max_unpacked_bytes: int) -> tuple[int, int]:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise PackageError(f"not a zip file ({exc}); upload a .zip of the code directory")
+        raise PackageError(f"not a zip file ({exc}); upload a .zip of the code directory") \
+            from None
     if len(infos) > MAX_FILES:
         raise PackageError(f"{len(infos)} entries; a package holds at most {MAX_FILES}")
     total = 0

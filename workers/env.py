@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshyard.parallel import backend_for
 from orchestrator.spec import Device, JobSpec
 from workers.assignment import DistEnv
 
@@ -114,10 +115,6 @@ def select_device(spec: JobSpec, *, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def backend_for(device: torch.device) -> str:
-    # On CUDA keep gloo for CPU tensors too: async checkpoint staging and small CPU
-    # collectives need it.
-    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
 def init_distributed(spec: JobSpec, *, dist_env: DistEnv, device: torch.device) -> bool:

@@ -103,12 +103,14 @@ def _outcome(a: RankAssignment, rc: int, *, seen: _Seen, stopped: bool,
         return RankResult(state=state, **common)
     err = seen.error or {}
     if rc < 0:
-        what = f"killed by {signal.Signals(-rc).name}" if -rc in signal.Signals._value2member_map_ \
-            else f"killed by signal {-rc}"
+        try:
+            what = f"the rank process was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            what = f"the rank process was killed by signal {-rc}"
         kind = "Signal"
     else:
-        what, kind = f"exit code {rc}", "ExitCode"
-    message = f"{err['message']} ({what})" if err.get("message") else f"rank process {what}"
+        what, kind = "the rank process exited", "ExitCode"
+    message = str(err.get("message") or what)
     return RankResult(state=WorkerState.ERROR, error_type=str(err.get("type") or kind),
                       message=message, traceback=str(err.get("traceback") or ""),
                       setup_error=bool(err.get("setup")), **common)

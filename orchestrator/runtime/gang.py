@@ -223,7 +223,7 @@ class WorkerGang:
         fs = [RankFailure(rank=r, error_type=res.error_type or "Error", message=res.message,
                           node=self.ranks[r].node, node_id=self.ranks[r].node_id,
                           traceback=res.traceback, time=res.time or 0.0,
-                          setup_error=res.setup_error)
+                          setup_error=res.setup_error, exit_code=res.exit_code)
               for r, res in self._results.items() if res.failed]
         return sorted(fs, key=lambda f: (f.time, f.rank))
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from ray.util.placement_group import placement_group
 
 from orchestrator.lifecycle import JobState, Reason
+from orchestrator.packages import PackageError
 from orchestrator.placement.gang_plan import GangPlan, Pending, PlanDevice, plan_job
 from orchestrator.placement.holds import busy_gpus, gpu_holds
 from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
 from orchestrator.runtime.controller import launch_controller
 from orchestrator.runtime.events import AttemptConfig, pg_name
-from orchestrator.packages import PackageError
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.policy import AttemptFailure, avoid_nodes
