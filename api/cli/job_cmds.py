@@ -20,7 +20,8 @@ from api.schemas import Event, JobSummary
 
 
 def _job_line(job: JobSummary) -> str:
-    step = "-" if job.last_step is None else f"{job.last_step}/{job.total_steps}"
+    step = "-" if job.last_step is None else \
+        f"{job.last_step}/{job.total_steps}" if job.total_steps else str(job.last_step)
     return f"{job.id:<22} {job.state.value:<11} {step:>11}  {job.owner:<12} {job.name}"
 
 
@@ -86,7 +87,7 @@ def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
              f"  owner:    {job.owner}", f"  ranks:    {job.world_size}",
              f"  attempt:  {job.current_attempt}",
              f"  step:     {job.last_step if job.last_step is not None else '-'}"
-             f"/{job.total_steps}"]
+             + (f"/{job.total_steps}" if job.total_steps else "")]
     if job.last_loss is not None:
         lines.append(f"  loss:     {job.last_loss:.4f}")
     if job.failure_reason:

@@ -56,7 +56,7 @@ class Model(nn.Module):
 def job_mesh(device_type: str, world: int):
     names = os.environ.get("MESHYARD_MESH_DIM_NAMES", "pp,dp_replicate,dp_shard,tp").split(",")
     shape = [int(s) for s in os.environ.get("MESHYARD_MESH_SHAPE", f"1,1,{world},1").split(",")]
-    return init_device_mesh(device_type, shape, mesh_dim_names=names), dict(zip(names, shape))
+    return init_device_mesh(device_type, shape, mesh_dim_names=names), dict(zip(names, shape, strict=True))
 
 
 def main() -> None:
