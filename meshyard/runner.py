@@ -122,9 +122,11 @@ def _run_module(name: str, args: list[str]) -> None:
     sys.argv = [name, *args]
     sys.path[0] = os.getcwd()
     try:
-        importlib.util.find_spec(name)
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
         raise SetupError(exc) from exc
+    if spec is None:
+        raise SetupError(ModuleNotFoundError(f"No module named {name!r}", name=name))
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 
 
