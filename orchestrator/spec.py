@@ -236,6 +236,20 @@ class TextFileData(_Frozen):
                       "data roots (default: <data dir>/datasets).")
 
 
+class TokenFileData(_Frozen):
+    kind: Literal["tokens"] = Field(description="A flat file of token ids (nanoGPT / llm.c "
+                                    ".bin), memory-mapped, sharded by data-parallel rank.")
+    path: str = Field(min_length=1, max_length=4096, pattern=PRINTABLE_RE,
+                      description="Path readable by every worker, under one of the server's "
+                      "data roots (default: <data dir>/datasets).")
+    dtype: Literal["auto", "uint16", "uint32"] = Field(
+        default="auto", description="Token width; auto: from llm.c's header (version 1: "
+        "uint16, 2: uint32), uint16 for a headerless file (nanoGPT).")
+    header: Literal["auto", "none", "llmc"] = Field(
+        default="auto", description="llmc: a 1024-byte llm.c header (magic 20240520) precedes "
+        "the tokens; auto: detected by its magic.")
+
+
 class DDPOptions(_Frozen):
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=4096, description="DDP bucket size (MiB).")
     comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
@@ -334,7 +348,7 @@ class JobSpec(_Frozen):
     model: GPTModel | ImportModel = Field(
         default_factory=GPTModel, discriminator="kind", description="Model to train."
     )
-    data: SyntheticData | TextFileData = Field(
+    data: SyntheticData | TextFileData | TokenFileData = Field(
         default_factory=SyntheticData, discriminator="kind", description="Training data."
     )
     training: Training = Field(default_factory=Training, description="Optimization settings.")
@@ -564,7 +578,8 @@ def check_fits_cluster(spec: JobSpec, *, max_gpus_per_node: int) -> list[FieldIs
 
 def _loc(parts: tuple[int | str, ...]) -> str:
     # pydantic adds the union tag ("gpt", "import") into the path; users never type it.
-    keep = [str(p) for p in parts if p not in ("gpt", "import", "synthetic", "text_file")]
+    keep = [str(p) for p in parts
+            if p not in ("gpt", "import", "synthetic", "text_file", "tokens")]
     return ".".join(keep) or "<root>"
 
 
