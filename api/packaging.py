@@ -39,8 +39,10 @@ class LocalPackage:
     unpacked_bytes: int
 
 
-def _specs_for(directory: Path, rel: str, inherited: list[tuple[str, pathspec.PathSpec]]
-               ) -> list[tuple[str, pathspec.PathSpec]]:
+Specs = list[tuple[str, pathspec.PathSpec]]
+
+
+def _specs_for(directory: Path, rel: str, inherited: Specs) -> Specs:
     out = list(inherited)
     for name in IGNORE_FILES:
         f = directory / name
@@ -50,7 +52,7 @@ def _specs_for(directory: Path, rel: str, inherited: list[tuple[str, pathspec.Pa
     return out
 
 
-def _ignored(rel_path: str, specs: list[tuple[str, pathspec.PathSpec]], *, is_dir: bool) -> bool:
+def _ignored(rel_path: str, specs: Specs, *, is_dir: bool) -> bool:
     for base, spec in specs:
         sub = rel_path[len(base) + 1:] if base else rel_path
         if spec.match_file(sub + "/" if is_dir else sub):
@@ -61,10 +63,10 @@ def _ignored(rel_path: str, specs: list[tuple[str, pathspec.PathSpec]], *, is_di
 def collect_files(root: Path) -> list[tuple[str, Path]]:
     """(name in the zip, file) for every file of `root` the excludes keep, in name order.
     Symlinks are skipped (a package holds regular files)."""
-    base = [("", pathspec.GitIgnoreSpec.from_lines(DEFAULT_EXCLUDES))]
+    base: Specs = [("", pathspec.GitIgnoreSpec.from_lines(DEFAULT_EXCLUDES))]
     out: list[tuple[str, Path]] = []
 
-    def walk(directory: Path, rel: str, specs: list[tuple[str, pathspec.PathSpec]]) -> None:
+    def walk(directory: Path, rel: str, specs: Specs) -> None:
         specs = _specs_for(directory, rel, specs)
         for entry in sorted(os.scandir(directory), key=lambda e: e.name):
             path = f"{rel}/{entry.name}" if rel else entry.name

@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except SetupError as wrapped:
-        exc = wrapped.__cause__ or wrapped.args[0]
-        _fail(exc if isinstance(exc, BaseException) else wrapped, setup=True)
+        cause = wrapped.__cause__ or wrapped.args[0]
+        _fail(cause if isinstance(cause, BaseException) else wrapped, setup=True)
         return 1
     except BaseException as exc:  # noqa: BLE001 - reported, then the rank exits 1
         _fail(exc, setup=False)

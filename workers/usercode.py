@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -66,7 +67,8 @@ def metric_row(rec: dict[str, Any], *, rank: int) -> dict[str, Any] | None:
     step = rec.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEPS:
         return None
-    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
+    raw = rec.get("metrics")
+    metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
     row = {k: v for k, v in metrics.items() if isinstance(v, int | float | str | None)}
     row.update(rank=rank, step=step, time=float(rec.get("time") or time.time()))
     if isinstance(rec.get("checkpoint"), str):
@@ -142,8 +144,6 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
         config = a.log_path("config.json")
         with open(config, "w", opener=private_opener) as f:
             json.dump(ep.config, f)
-    import os
-
     env = rank_env(a, base=os.environ, code_dir=str(where), report_file=str(report),
                    debug=debug_env(a.spec, run_dir=a.run_dir), parent_pid=os.getpid(),
                    function_config=str(config) if config else None, runtime_root=actor_cwd)

@@ -80,10 +80,9 @@ def prepare_data_loader(loader: DataLoader[Any], *, move_to_device: bool = True)
     read the same one), shuffling when the original did; batches moved to the device."""
     ctx = get_context()
     if ctx.get_dp_size() > 1 and not isinstance(loader.sampler, DistributedSampler):
-        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.get_dp_size(),
-                                     rank=ctx.get_dp_rank(),
-                                     shuffle=isinstance(loader.sampler, RandomSampler),
-                                     drop_last=loader.drop_last)
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            loader.dataset, num_replicas=ctx.get_dp_size(), rank=ctx.get_dp_rank(),
+            shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last)
         loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
                             num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                             pin_memory=loader.pin_memory, drop_last=loader.drop_last,
