@@ -254,10 +254,13 @@ class WorkerActor:
         # the hang watchdog when a peer aborted it); the assignment says where to write.
         a = self._assignment or self._last_assignment
         hb, req = self._buf.heartbeat or {}, dict(request or {})
-        if a is None or a.spec.entrypoint is not None:
-            # Not running a job, or user code: its torch state lives in the rank process,
-            # not in this actor (the heartbeat names that process's pid).
+        if a is not None and a.spec.entrypoint is not None:
+            # User code: its threads and torch state live in the rank process (the heartbeat
+            # names its pid), not in this actor, whose own stacks would mislead.
+            out.pop("stacks")
             return out
+        if a is None:
+            return out  # not running a job: nothing to collect
         try:
             out["evidence"] = _jsonable(collect_evidence(
                 a.run_dir, a.rank, stamp=req.get("stamp"), step=hb.get("step"),
