@@ -12,7 +12,7 @@ User code (the `script` rows: bench/byo/train.py, a plain 2-rank DDP script that
 step with meshyard.train under meshyard):
   * meshyard  — `MeshyardClient.submit_with_code` (what `meshyard submit --working-dir` does:
                 zip, upload, submit) until the first report's metric;
-  * torchrun  — `torchrun --standalone --nproc_per_node=2 train.py` until its first step.
+  * torchrun  — `torchrun --nnodes=1 --nproc_per_node=2 train.py` until its first step.
 
     .venv/bin/python bench/startup.py [--repeats 3] [--out bench/results/startup.json]
 
@@ -70,10 +70,14 @@ def run_torchrun_script(work: Path, i: int) -> float:
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHYARD_")}
     env.update(FIRST_STEP_FILE=str(first), OMP_NUM_THREADS="1")
+    from workers.env import free_port
+
+    log = work / f"torchrun-script-{i}.log"
     t0 = time.time()
-    subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "train.py"],
-                   cwd=SCRIPT_DIR, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    with open(log, "wb") as out:
+        subprocess.run([str(torchrun), "--nnodes=1", "--nproc_per_node=2",
+                        f"--master_port={free_port()}", "train.py"], cwd=SCRIPT_DIR, env=env,
+                       check=True, stdout=out, stderr=subprocess.STDOUT)
     return float(first.read_text()) - t0
 
 
@@ -277,7 +281,7 @@ def script_rows(args: argparse.Namespace) -> int:
     out = Path(args.out)
     summary = json.loads(out.read_text()) if out.exists() else {}
     summary["script"] = {"median_s": med, "runs_s": runs, "repeats": args.repeats,
-                         "load_avg": os.getloadavg(), "script": str(SCRIPT_DIR / "train.py"),
+                         "load_avg": os.getloadavg(), "script": "bench/byo/train.py",
                          "cold_vs_torchrun": round(med["meshyard_script_cold"]
                                                    / med["torchrun_script"], 3)}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -287,10 +287,11 @@ class _ProcessState:
 
     def restore(self) -> None:
         try:
-            import torch.distributed as dist
+            if "torch" in sys.modules:  # a user-code run never imports torch in the actor
+                import torch.distributed as dist
 
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken group shows up in check_clean
             pass
         os.environ.clear()

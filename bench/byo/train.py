@@ -32,4 +32,5 @@ for step in range(1, 4):
     if step == 1 and rank == 0 and os.environ.get("FIRST_STEP_FILE"):
         with open(os.environ["FIRST_STEP_FILE"], "w") as f:
             f.write(str(time.time()))
+dist.barrier()  # nobody tears gloo down while a peer still talks
 dist.destroy_process_group()

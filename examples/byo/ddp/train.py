@@ -51,6 +51,7 @@ def main() -> None:
         dist.all_reduce(mean)
         if rank == 0:
             print(f"step {step} loss {mean.item() / world:.6f}", flush=True)
+    dist.barrier()  # nobody tears gloo down while a peer still talks
     dist.destroy_process_group()
 
 

@@ -98,6 +98,7 @@ def main() -> None:
             report_to.report({"step": step, "loss": mean.item()})
         if rank == 0:
             print(f"step {step} loss {mean.item():.5f} mesh {sizes}", flush=True)
+    dist.barrier()  # nobody tears gloo down while a peer still talks
     dist.destroy_process_group()
 
 
