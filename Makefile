@@ -31,11 +31,11 @@ test: $(VENV)/.installed
 	exit $$status
 
 check: $(VENV)/.installed
-	$(VENV)/bin/ruff check orchestrator workers api tests bench
+	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
 	$(PY) -m pytest $(XDIST) -q tests/unit $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check orchestrator workers api tests bench
+	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
 
 clean:
 	rm -rf .meshyard .pytest_cache

@@ -19,6 +19,7 @@ import time
 
 from api.errors import PolicyRefused
 from orchestrator.access import may_submit, spec_violations
+from orchestrator.packages import package_exists
 from orchestrator.quotas import Quota, check_submission, effective_quota, job_size
 from orchestrator.settings import Settings
 from orchestrator.spec import FieldIssue, JobSpec, SpecValidationError, check_fits_cluster
@@ -58,6 +59,11 @@ def admission_issues(spec: JobSpec, *, settings: Settings, shape: ClusterShape
         issues.append(FieldIssue("inject_fault", "fault injection is disabled on this server; "
                                  "remove inject_fault or start the server with "
                                  "--allow-fault-injection", "value_error"))
+    digest = spec.entrypoint.package if spec.entrypoint is not None else None
+    if digest is not None and not package_exists(settings.packages_dir, digest):
+        issues.append(FieldIssue("entrypoint.working_dir", f"package sha256:{digest} is not "
+                                 "uploaded to this server; upload it first (POST /v1/packages, "
+                                 "or `meshyard submit SPEC --working-dir DIR`)", "value_error"))
     max_gpus = shape.max_gpus_per_node()
     if max_gpus > 0:
         issues += check_fits_cluster(spec, max_gpus_per_node=max_gpus)

@@ -24,7 +24,7 @@ from api.auth import TokenCache
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, HostCheckMiddleware, MetricsMiddleware
-from api.routes import cluster, health, job_data, jobs, logs, plans, tokens, ui, users
+from api.routes import cluster, health, job_data, jobs, logs, packages, plans, tokens, ui, users
 from api.schemas import Problem
 from api.streams import StreamSlots
 from orchestrator.settings import Settings, get_settings
@@ -102,7 +102,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, cluster, plans, tokens, users):
+    for module in (jobs, job_data, logs, cluster, plans, tokens, users, packages):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)
@@ -110,7 +110,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
         docs.install(app)
     # add_middleware puts each new one outermost: metrics see the 413s the limit produces,
     # and the Host check and proxy headers run before anything else.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       overrides={packages.PREFIX: settings.max_package_bytes})
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(HostCheckMiddleware, allowed=settings.host_allowed)
     # X-Forwarded-Proto / -For from trusted proxies only (TLS termination: request.url is

@@ -34,6 +34,7 @@ from api.schemas import (
     JobSummary,
     LogList,
     MetricList,
+    Package,
     QuotaInfo,
     RankList,
     SubmitResult,
@@ -46,6 +47,7 @@ from api.schemas import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_MAX_PACKAGE_BYTES = 100 * 1024 * 1024  # the server's default cap
 SERVER_FILE = "server.json"
 ADMIN_TOKEN_FILE = "admin.token"
 M = TypeVar("M", bound=BaseModel)
@@ -214,6 +216,39 @@ class MeshyardClient:
     def diagnoses(self, job_id: str) -> DiagnosisList:
         return self._request("GET", f"/v1/jobs/{job_id}/diagnoses", DiagnosisList)
 
+    # code packages ------------------------------------------------------------------------
+    def get_package(self, sha256: str) -> Package | None:
+        response = self._http.get(f"/v1/packages/{sha256}")
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise MeshyardAPIError(response.status_code, _problem(response))
+        return Package.model_validate(response.json())
+
+    def upload_package(self, data: bytes) -> Package:
+        return self._request("POST", "/v1/packages", Package, content=data,
+                             headers={"Content-Type": "application/zip"})
+
+    def upload_dir(self, path: Path, *, max_bytes: int = DEFAULT_MAX_PACKAGE_BYTES) -> Package:
+        """Zips a working dir (.gitignore-style excludes, api/packaging.py) and uploads it,
+        unless the server already holds the same package."""
+        from api.packaging import build_package
+
+        local = build_package(path, max_bytes=max_bytes)
+        return self.get_package(local.digest) or self.upload_package(local.data)
+
+    def submit_with_code(self, spec: Mapping[str, Any] | str | Path, *, working_dir: Path,
+                         submission_id: str | None = None) -> SubmitResult:
+        """Uploads `working_dir` and submits `spec` (an entrypoint job) running it."""
+        data = _spec_data(spec)
+        entry = data.get("entrypoint")
+        if not isinstance(entry, dict):
+            raise ValueError("--working-dir ships code for an entrypoint, but the spec has no "
+                             "`entrypoint` (command or function); add one")
+        package = self.upload_dir(working_dir)
+        data["entrypoint"] = {**entry, "working_dir": package.package}
+        return self.submit(data, submission_id=submission_id)
+
     # tokens, users, quotas ----------------------------------------------------------------
     def create_token(self, *, user: str | None = None, role: str | None = None,
                      label: str = "") -> TokenCreated:
@@ -254,6 +289,19 @@ class MeshyardClient:
             return self._http.get("/healthz").status_code == 200
         except httpx.TransportError:
             return False
+
+
+def _spec_data(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A spec as a mapping: given as one, or a .yaml / .yml / .json file, or YAML text."""
+    from orchestrator.documents import parse_document
+
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    text = spec.read_text() if isinstance(spec, Path) else spec
+    data = parse_document(text, yaml_body=not (isinstance(spec, Path) and spec.suffix == ".json"))
+    if not isinstance(data, dict):
+        raise ValueError("a job spec must be a mapping of fields")
+    return data
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:

@@ -17,17 +17,22 @@ from api.metrics import HttpMetrics
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    """`overrides`: a larger limit for an exact path (code package uploads stream to disk)."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int,
+                 overrides: dict[str, int] | None = None) -> None:
         self.app = app
         self.limit = max_body_bytes
+        self.overrides = dict(overrides or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.overrides.get(scope.get("path", ""), self.limit)
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await self._reject(scope, receive, send)
+        if declared is not None and declared > limit:
+            await self._reject(scope, receive, send, limit)
             return
         seen = 0
         started = False
@@ -37,8 +42,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -53,10 +58,10 @@ class BodyLimitMiddleware:
             # Normally the app's error handlers answer; this covers a read outside a route.
             if started:
                 raise
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, limit)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problem(status=413, detail=str(BodyTooLarge(self.limit).detail),
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        response = problem(status=413, detail=str(BodyTooLarge(limit).detail),
                            instance=scope.get("path", ""),
                            problem_type=BodyTooLarge.problem_type,
                            headers={"Connection": "close"})

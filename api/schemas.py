@@ -242,3 +242,11 @@ class Problem(_Out):
     detail: str
     instance: str
     errors: list[FieldError] | None = None
+
+
+class Package(_Out):
+    package: str = Field(description="What a spec's entrypoint.working_dir names: "
+                         "`package:sha256:<hex>`.")
+    sha256: str = Field(description="SHA-256 of the uploaded zip.")
+    bytes: int = Field(description="Size of the zip.")
+    created: bool = Field(description="False when the same package was already stored.")

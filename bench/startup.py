@@ -8,6 +8,12 @@ Peers, same model and data (examples/tiny/ddp.yaml on CPU/gloo, the workers core
   * torchrun  — `torchrun --standalone --nproc_per_node=2 -m workers.launch` until the first
                 step in metrics.jsonl.
 
+User code (the `script` rows: bench/byo/train.py, a plain 2-rank DDP script that reports each
+step with meshyard.train under meshyard):
+  * meshyard  — `MeshyardClient.submit_with_code` (what `meshyard submit --working-dir` does:
+                zip, upload, submit) until the first report's metric;
+  * torchrun  — `torchrun --nnodes=1 --nproc_per_node=2 train.py` until its first step.
+
     .venv/bin/python bench/startup.py [--repeats 3] [--out bench/results/startup.json]
 
 The first step's time is the wall clock the worker stamped on its metrics (same machine).
@@ -34,6 +40,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 SPEC_FILE = REPO / "examples" / "tiny" / "ddp.yaml"
+SCRIPT_DIR = REPO / "bench" / "byo"
 STEPS = 3
 
 
@@ -56,6 +63,22 @@ def run_torchrun(work: Path, i: int) -> float:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     return float(first["time"]) - t0
+
+
+def run_torchrun_script(work: Path, i: int) -> float:
+    first = work / f"torchrun-script-{i}.first"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHYARD_")}
+    env.update(FIRST_STEP_FILE=str(first), OMP_NUM_THREADS="1")
+    from workers.env import free_port
+
+    log = work / f"torchrun-script-{i}.log"
+    t0 = time.time()
+    with open(log, "wb") as out:
+        subprocess.run([str(torchrun), "--nnodes=1", "--nproc_per_node=2",
+                        f"--master_port={free_port()}", "train.py"], cwd=SCRIPT_DIR, env=env,
+                       check=True, stdout=out, stderr=subprocess.STDOUT)
+    return float(first.read_text()) - t0
 
 
 # -- Ray Train --------------------------------------------------------------------------------
@@ -144,6 +167,19 @@ class Service:
                        headers=headers, timeout=30)
         r.raise_for_status()
         job_id = r.json()["job"]["id"] if "job" in r.json() else r.json()["id"]
+        return self._first_step(job_id, t0)
+
+    def run_script_job(self, i: int) -> float:
+        """`meshyard submit bench/byo/spec.yaml --working-dir bench/byo`, to the first report."""
+        from api.client import MeshyardClient
+
+        spec = dict(yaml.safe_load((SCRIPT_DIR / "spec.yaml").read_text()), name=f"script-{i}")
+        t0 = time.time()
+        with MeshyardClient(self.url, self.token) as client:
+            job = client.submit_with_code(spec, working_dir=SCRIPT_DIR)
+        return self._first_step(job.id, t0)
+
+    def _first_step(self, job_id: str, t0: float) -> float:
         first = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -174,7 +210,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "startup.json"))
     ap.add_argument("--skip-ray-train", action="store_true")
+    ap.add_argument("--only-script", action="store_true",
+                    help="only the user-code rows (script job vs torchrun on the script)")
     args = ap.parse_args()
+    if args.only_script:
+        return script_rows(args)
     import ray
 
     work = Path(tempfile.mkdtemp(prefix="meshyard-startup-"))
@@ -215,6 +255,38 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def script_rows(args: argparse.Namespace) -> int:
+    """Submit -> first report of a script job (cold, fresh worker actors) vs torchrun on the
+    same script; merged into the results file under `script`."""
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix="meshyard-startup-script-"))
+    runs: dict[str, list[float]] = {"torchrun_script": [], "meshyard_script_cold": []}
+    for i in range(args.repeats):
+        runs["torchrun_script"].append(run_torchrun_script(work, i))
+        print(f"torchrun script #{i}: {runs['torchrun_script'][-1]:.2f} s", flush=True)
+    ray.init(num_cpus=4, include_dashboard=False, namespace="meshyard", log_to_driver=False)
+    service = Service(work, warm_pool=0)
+    try:
+        for i in range(args.repeats):
+            runs["meshyard_script_cold"].append(service.run_script_job(i))
+            print(f"meshyard script #{i}: {runs['meshyard_script_cold'][-1]:.2f} s", flush=True)
+    finally:
+        service.close()
+        ray.shutdown()
+    med = {k: _median(v) for k, v in runs.items()}
+    out = Path(args.out)
+    summary = json.loads(out.read_text()) if out.exists() else {}
+    summary["script"] = {"median_s": med, "runs_s": runs, "repeats": args.repeats,
+                         "load_avg": os.getloadavg(), "script": "bench/byo/train.py",
+                         "cold_vs_torchrun": round(med["meshyard_script_cold"]
+                                                   / med["torchrun_script"], 3)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary["script"], indent=2))
     return 0
 
 

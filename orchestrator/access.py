@@ -37,9 +37,10 @@ ROLE_ORDER = (Role.ADMIN, Role.USER, Role.VIEWER)
 class Policy:
     """The deployment's answer to "which code and which files may a job use"."""
 
-    code_roles: frozenset[Role]  # roles whose jobs may import code (model.kind: import)
+    code_roles: frozenset[Role]  # roles whose jobs may run their own code (import, entrypoint)
     import_prefixes: tuple[str, ...]  # allowed module prefixes; empty: any module
     data_roots: tuple[str, ...]  # absolute directories data.path must lie under
+    working_dir_roots: tuple[str, ...] = ()  # directories an entrypoint's path may lie under
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,51 @@ def path_under(path: str, roots: tuple[str, ...]) -> bool:
     return False
 
 
+def _code_role(role: Role, policy: Policy, *, loc: str, what: str) -> Violation | None:
+    if role in policy.code_roles:
+        return None
+    allowed = ", ".join(sorted(policy.code_roles)) or "none"
+    return Violation("code_roles", "MESHYARD_CODE_ROLES", loc,
+                     f"role {role.value} may not run its own code ({what}); roles allowed: "
+                     f"{allowed}. Use the built-in model, or ask an operator to add "
+                     f"{role.value} to MESHYARD_CODE_ROLES", forbidden=True)
+
+
+def entrypoint_violations(spec: JobSpec, *, role: Role, policy: Policy) -> list[Violation]:
+    """User code: who may run it, which modules a function may come from (a command cannot
+    be checked, so a deployment that restricts imports refuses commands), which paths a
+    working dir may name (checked lexically, like data paths)."""
+    ep = spec.entrypoint
+    if ep is None:
+        return []
+    out = [v for v in [_code_role(role, policy, loc="entrypoint", what="entrypoint")] if v]
+    prefixes = policy.import_prefixes
+    if ep.module is not None and not module_allowed(ep.module, prefixes):
+        out.append(Violation(
+            "allowed_import_prefixes", "MESHYARD_ALLOWED_IMPORT_PREFIXES", "entrypoint.function",
+            f"module {ep.module!r} is not under an allowed import prefix {list(prefixes)}; "
+            "use one of them, or ask an operator to add it to MESHYARD_ALLOWED_IMPORT_PREFIXES"))
+    if ep.command is not None and prefixes:
+        out.append(Violation(
+            "allowed_import_prefixes", "MESHYARD_ALLOWED_IMPORT_PREFIXES", "entrypoint.command",
+            f"this deployment allows only code from the import prefixes {list(prefixes)}, and a "
+            "command can run anything; use entrypoint.function, or ask an operator to clear "
+            "MESHYARD_ALLOWED_IMPORT_PREFIXES"))
+    wd = ep.working_dir
+    if wd is not None and ep.package is None and not path_under(wd, policy.working_dir_roots):
+        out.append(Violation(
+            "working_dir_roots", "MESHYARD_WORKING_DIR_ROOTS", "entrypoint.working_dir",
+            f"working_dir {wd!r} is not under an allowed working-dir root "
+            f"{list(policy.working_dir_roots)}; upload the code instead (`meshyard submit SPEC "
+            "--working-dir DIR`), or ask an operator to add its directory to "
+            "MESHYARD_WORKING_DIR_ROOTS"))
+    return out
+
+
 def spec_violations(spec: JobSpec, *, role: Role, policy: Policy) -> list[Violation]:
     """What in `spec` this deployment does not allow for a caller with `role`."""
+    if spec.entrypoint is not None:
+        return entrypoint_violations(spec, role=role, policy=policy)
     out: list[Violation] = []
     if spec.model.kind == "import":
         if role not in policy.code_roles:
@@ -110,10 +154,11 @@ def spec_violations(spec: JobSpec, *, role: Role, policy: Policy) -> list[Violat
                 f"module {module!r} is not under an allowed import prefix "
                 f"{list(policy.import_prefixes)}; use one of them, or ask an operator to add "
                 "its package to MESHYARD_ALLOWED_IMPORT_PREFIXES"))
-    if spec.data.kind == "text_file" and not path_under(spec.data.path, policy.data_roots):
+    path = getattr(spec.data, "path", None)
+    if path is not None and not path_under(path, policy.data_roots):
         out.append(Violation(
             "data_roots", "MESHYARD_DATA_ROOTS", "data.path",
-            f"data.path {spec.data.path!r} is not an absolute path under an allowed data root "
+            f"data.path {path!r} is not an absolute path under an allowed data root "
             f"{list(policy.data_roots)}; put the file under one of them, or ask an operator "
             "to add its directory to MESHYARD_DATA_ROOTS"))
     return out

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     data_roots: CommaList = Field(
         default=[], description="Directories data.path must lie under; empty: "
         "<data dir>/datasets.")
+    working_dir_roots: CommaList = Field(
+        default=[], description="Directories an entrypoint's working_dir path may lie under "
+        "(uploaded packages need none); empty: <data dir>/code.")
+    max_package_bytes: int = Field(
+        default=100 * 1024 * 1024, ge=1024, le=1024**3,
+        description="Largest uploaded code package (zip), bytes.")
 
     # -- quotas for non-admin users without their own (`meshyard quota set`) ---------------
     default_max_queued_jobs: int | None = Field(default=100, ge=0)
@@ -80,7 +86,8 @@ class Settings(BaseSettings):
     api_docs: bool = Field(default=False, description="Serve /docs and /redoc (the "
                            "OpenAPI schema at /openapi.json is always served).")
 
-    @field_validator("code_roles", "allowed_import_prefixes", "data_roots", "allowed_hosts",
+    @field_validator("code_roles", "allowed_import_prefixes", "data_roots", "working_dir_roots",
+                     "allowed_hosts",
                      "trusted_proxies", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -113,11 +120,17 @@ class Settings(BaseSettings):
     def datasets_dir(self) -> Path:
         return self.data_dir / "datasets"
 
+    @property
+    def packages_dir(self) -> Path:
+        return self.data_dir / "packages"
+
     def policy(self) -> Policy:
         roots = self.data_roots or [str(self.datasets_dir)]
+        code = self.working_dir_roots or [str(self.data_dir / "code")]
         return Policy(code_roles=frozenset(Role(r) for r in self.code_roles),
                       import_prefixes=tuple(self.allowed_import_prefixes),
-                      data_roots=tuple(str(Path(r).resolve()) for r in roots))
+                      data_roots=tuple(str(Path(r).resolve()) for r in roots),
+                      working_dir_roots=tuple(str(Path(r).resolve()) for r in code))
 
     def quota_defaults(self) -> Quota:
         return Quota(max_queued_jobs=self.default_max_queued_jobs,

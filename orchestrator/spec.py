@@ -10,20 +10,33 @@ Global batch is ``micro_batch_size * grad_accum_steps * dp_shard * dp_replicate`
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator import limits as lim
+from orchestrator.entrypoint import IMPORT_PATH_RE, Entrypoint
 from orchestrator.limits import divisors
 
 SPEC_VERSION = 1
 # Names land in the database and in log lines: no NUL or other control characters.
 PRINTABLE_RE = r"^[^\x00-\x1f\x7f]+$"
-IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+# The built-in loop's blocks: a job with an entrypoint runs its own code and has none of them.
+LOOP_FIELDS = ("model", "data", "training", "checkpoint", "inject_fault")
+# Parallelism options only the built-in loop acts on.
+LOOP_PARALLELISM = ("auto", "auto_gpus", "auto_global_batch", "pp_schedule", "pp_microbatches",
+                    "pp_virtual_stages", "sequence_parallel", "activation_checkpointing")
 
 
 class _Frozen(BaseModel):
@@ -223,6 +236,20 @@ class TextFileData(_Frozen):
                       "data roots (default: <data dir>/datasets).")
 
 
+class TokenFileData(_Frozen):
+    kind: Literal["tokens"] = Field(description="A flat file of token ids (nanoGPT / llm.c "
+                                    ".bin), memory-mapped, sharded by data-parallel rank.")
+    path: str = Field(min_length=1, max_length=4096, pattern=PRINTABLE_RE,
+                      description="Path readable by every worker, under one of the server's "
+                      "data roots (default: <data dir>/datasets).")
+    dtype: Literal["auto", "uint16", "uint32"] = Field(
+        default="auto", description="Token width; auto: from llm.c's header (version 1: "
+        "uint16, 2: uint32), uint16 for a headerless file (nanoGPT).")
+    header: Literal["auto", "none", "llmc"] = Field(
+        default="auto", description="llmc: a 1024-byte llm.c header (magic 20240520) precedes "
+        "the tokens; auto: detected by its magic.")
+
+
 class DDPOptions(_Frozen):
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=4096, description="DDP bucket size (MiB).")
     comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
@@ -322,7 +349,7 @@ class JobSpec(_Frozen):
     model: GPTModel | ImportModel = Field(
         default_factory=GPTModel, discriminator="kind", description="Model to train."
     )
-    data: SyntheticData | TextFileData = Field(
+    data: SyntheticData | TextFileData | TokenFileData = Field(
         default_factory=SyntheticData, discriminator="kind", description="Training data."
     )
     training: Training = Field(default_factory=Training, description="Optimization settings.")
@@ -335,6 +362,19 @@ class JobSpec(_Frozen):
     inject_fault: InjectFault | None = Field(
         default=None, description="Fault injection; accepted only when the server allows it."
     )
+    entrypoint: Entrypoint | None = Field(
+        default=None, description="The user's own training code (a command or a function run "
+        "once per rank) instead of the built-in loop (model / data / training / checkpoint).")
+
+    @model_serializer(mode="wrap")
+    def _without_unused_loop(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A user-code job has no built-in loop: its stored and shown spec leaves the loop's
+        # defaults out (they parse back to the same JobSpec).
+        out = handler(self)
+        if self.entrypoint is not None and isinstance(out, dict):
+            for key in LOOP_FIELDS:
+                out.pop(key, None)
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -357,6 +397,13 @@ class JobSpec(_Frozen):
     def global_batch_size(self) -> int:
         t = self.training
         return t.micro_batch_size * t.grad_accum_steps * self.parallelism.dp
+
+    @property
+    def total_steps(self) -> int:
+        """Steps the job will run; 0 when unknown (user code that states no `steps`)."""
+        if self.entrypoint is not None:
+            return self.entrypoint.steps or 0
+        return self.training.steps
 
     @model_validator(mode="after")
     def _cross_field(self, info: ValidationInfo) -> JobSpec:
@@ -480,8 +527,37 @@ def _size_issues(spec: JobSpec) -> list[FieldIssue]:
     return []
 
 
+def _entrypoint_issues(spec: JobSpec) -> list[FieldIssue]:
+    """A user-code job: no built-in loop blocks, only the parallelism user code can use."""
+    out = [FieldIssue(key, f"{key} belongs to the built-in training loop, but this job runs "
+                      "its own code (entrypoint); remove one of the two")
+           for key in LOOP_FIELDS if key in spec.model_fields_set]
+    p, r = spec.parallelism, spec.resources
+    # By value, not by presence: a stored spec carries every parallelism field at its default.
+    defaults = Parallelism()
+    out += [FieldIssue(f"parallelism.{key}", f"{key} applies to the built-in loop only; the "
+                       "entrypoint builds its own model, so remove it")
+            for key in LOOP_PARALLELISM if getattr(p, key) != getattr(defaults, key)]
+    if r.workers is not None and r.workers != p.world_size:
+        out.append(FieldIssue("resources.workers", f"workers={r.workers} but tp*pp*dp_shard*"
+                              f"dp_replicate = {p.world_size}; set workers to {p.world_size} "
+                              "or omit it"))
+    stage = p.effective_zero_stage()
+    if stage in (2, 3) and p.dp_shard == 1:
+        out.append(FieldIssue("parallelism.zero_stage", f"zero_stage={stage} shards over "
+                              "dp_shard, which is 1; raise dp_shard or use zero_stage 0"))
+    if stage == 1:
+        out.append(FieldIssue("parallelism.zero_stage", "zero_stage=1 wraps the optimizer, "
+                              "which user code builds itself; use 0, 2 or 3"))
+    return out
+
+
 def cross_checks(spec: JobSpec) -> list[FieldIssue]:
     """Checks that span fields. Returns every issue (empty when the spec can run)."""
+    if spec.entrypoint is not None:
+        if spec.world_size > lim.MAX_WORLD_SIZE:
+            return _size_issues(spec)
+        return _entrypoint_issues(spec) + _other_issues(spec)
     size = _size_issues(spec)
     if size:
         return size  # the other checks assume a job of a size that can exist
@@ -503,7 +579,8 @@ def check_fits_cluster(spec: JobSpec, *, max_gpus_per_node: int) -> list[FieldIs
 
 def _loc(parts: tuple[int | str, ...]) -> str:
     # pydantic adds the union tag ("gpt", "import") into the path; users never type it.
-    keep = [str(p) for p in parts if p not in ("gpt", "import", "synthetic", "text_file")]
+    keep = [str(p) for p in parts
+            if p not in ("gpt", "import", "synthetic", "text_file", "tokens")]
     return ".".join(keep) or "<root>"
 
 

@@ -121,6 +121,11 @@ class WorkerActor:
         self._last_assignment: RankAssignment | None = None  # diagnostics after a failed run
         self._jobs_run = 0
         self._baseline_threads = {t.ident for t in threading.enumerate()}
+        # Where Ray's working_dir (an uploaded package) put this process: the code is below.
+        self._start_cwd = os.getcwd()
+        from workers.rankproc import become_subreaper
+
+        become_subreaper()  # a user job's orphaned grandchildren come back to this actor
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -161,6 +166,8 @@ class WorkerActor:
                              stderr=assignment.log_path("stderr"), sink=self._buf.log)
         capture.start()
         try:
+            if assignment.spec.entrypoint is not None:
+                return self._run_user(assignment)
             return self._train(assignment)
         finally:
             capture.stop()
@@ -192,6 +199,21 @@ class WorkerActor:
                               error_type=type(exc).__name__,
                               message=str(exc) or type(exc).__name__, traceback=tb,
                               last_step=self._buf.last_step, seconds=time.time() - t0)
+
+    def _run_user(self, a: RankAssignment) -> RankResult:
+        """A user-code rank: one child process (workers/usercode.py); never raises."""
+        from workers.usercode import run_user_rank
+
+        try:
+            result = run_user_rank(a, sink=self._buf, stop=self._stop,
+                                   actor_cwd=self._start_cwd)
+        except Exception as exc:  # noqa: BLE001 - reported to the controller, not swallowed
+            tb = traceback.format_exc()
+            sys.stderr.write(tb)
+            result = RankResult(rank=a.rank, state=WorkerState.ERROR,
+                                error_type=type(exc).__name__, message=str(exc), traceback=tb)
+        self._state = result.state
+        return result
 
     @ray.method(concurrency_group="control")
     def poll(self) -> WorkerPoll:
@@ -239,6 +261,11 @@ class WorkerActor:
         # the hang watchdog when a peer aborted it); the assignment says where to write.
         a = self._assignment or self._last_assignment
         hb, req = self._buf.heartbeat or {}, dict(request or {})
+        if a is not None and a.spec.entrypoint is not None:
+            # User code: its threads and torch state live in the rank process (the heartbeat
+            # names its pid), not in this actor, whose own stacks would mislead.
+            out.pop("stacks")
+            return out
         if a is None:
             return out  # not running a job: nothing to collect
         try:
@@ -267,10 +294,11 @@ class _ProcessState:
 
     def restore(self) -> None:
         try:
-            import torch.distributed as dist
+            if "torch" in sys.modules:  # a user-code run never imports torch in the actor
+                import torch.distributed as dist
 
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken group shows up in check_clean
             pass
         os.environ.clear()

@@ -79,6 +79,9 @@ class RankAssignment:
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables for this rank
     train_fn: str | None = None  # import path `pkg.mod:fn`; None: the built-in loop
     steps: int | None = None  # overrides spec.training.steps (tests, benchmarks)
+    node_rank: int = 0  # this node's index among the job's nodes (torchrun's GROUP_RANK)
+    num_nodes: int = 1
+    local_gpus: tuple[int, ...] = ()  # GPU ids of this node's ranks, in local-rank order
 
     def log_path(self, suffix: str) -> Path:
         """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr or log)."""
@@ -98,6 +101,8 @@ class RankResult:
     traceback: str = ""
     time: float | None = None
     result: Any = None  # what the training function returned, made JSON-able
+    exit_code: int | None = None  # user code: the rank process's exit status (-N: signal N)
+    setup_error: bool = False  # user code that could not even be loaded (not restarted)
 
     @property
     def failed(self) -> bool:

@@ -1,4 +1,6 @@
-"""Training data: synthetic token sequences or a local text file read as bytes.
+"""Training data: synthetic token sequences, a local text file read as bytes, or a token
+file (nanoGPT / llm.c .bin, workers/tokens.py: memory-mapped, one contiguous slice per
+data-parallel rank).
 
 Every micro-batch is a pure function of (seed, step, micro-step, data shard): a rank reads
 its shard (its flattened data-parallel coordinate, ``MeshShape.dp_index``), and the
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.spec import JobSpec, TextFileData
+from orchestrator.spec import JobSpec, TextFileData, TokenFileData
 from workers.runner import Batch
+from workers.tokens import TokenFile
 
 _MASK = (1 << 63) - 1
 
@@ -34,7 +37,7 @@ class DataSource:
     """``batches(step)`` -> one :class:`Batch` per gradient-accumulation micro-step."""
 
     def __init__(self, spec: JobSpec, *, seed: int, shards: Sequence[int], vocab_size: int,
-                 seq_len: int, device: torch.device) -> None:
+                 seq_len: int, device: torch.device, num_shards: int | None = None) -> None:
         self._micro = spec.training.micro_batch_size
         self._accum = spec.training.grad_accum_steps
         self._seed = seed
@@ -45,6 +48,16 @@ class DataSource:
         self._text: torch.Tensor | None = None
         if isinstance(spec.data, TextFileData):
             self._text = _load_text(spec.data.path, seq_len=seq_len, vocab_size=vocab_size)
+        self._tokens: TokenFile | None = None
+        self._num_shards = num_shards or max(self._shards, default=0) + 1
+        if isinstance(spec.data, TokenFileData):
+            self._tokens = TokenFile.open(spec.data.path, dtype=spec.data.dtype,
+                                          header=spec.data.header)
+            lo, hi = self._tokens.shard(0, self._num_shards)
+            if hi - lo < seq_len + 1:
+                raise ValueError(f"data.path {spec.data.path!r} holds {len(self._tokens)} "
+                                 f"tokens: {hi - lo} per data-parallel rank, fewer than "
+                                 f"seq_len + 1 = {seq_len + 1}")
 
     def batches(self, step: int) -> list[Batch]:
         out = []
@@ -57,6 +70,10 @@ class DataSource:
     def _rows(self, step: int, micro: int, shard: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(_stream_seed(self._seed, step, micro, shard))
         n, t = self._micro, self._seq + 1
+        if self._tokens is not None:
+            lo, hi = self._tokens.shard(shard, self._num_shards)
+            starts = torch.randint(lo, hi - t + 1, (n,), generator=g)
+            return self._tokens.rows(starts.tolist(), t, vocab_size=self._vocab)
         if self._text is not None:
             starts = torch.randint(0, self._text.numel() - t + 1, (n,), generator=g)
             return torch.stack([self._text[s:s + t] for s in starts.tolist()])

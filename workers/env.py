@@ -21,13 +21,13 @@ import socket
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.spec import Device, JobSpec
 from workers.assignment import DistEnv
+
+if TYPE_CHECKING:
+    import torch
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,6 +101,8 @@ def select_device(spec: JobSpec, *, local_rank: int) -> torch.device:
     Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned, so an actor with one GPU sees
     exactly one device (index 0) whatever its LOCAL_RANK.
     """
+    import torch  # here, not at module level: a user-code worker needs only the env helpers
+
     want = spec.resources.device
     has_cuda = torch.cuda.is_available()
     if want == Device.CUDA and not has_cuda:
@@ -114,17 +116,15 @@ def select_device(spec: JobSpec, *, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def backend_for(device: torch.device) -> str:
-    # On CUDA keep gloo for CPU tensors too: async checkpoint staging and small CPU
-    # collectives need it.
-    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-
-
 def init_distributed(spec: JobSpec, *, dist_env: DistEnv, device: torch.device) -> bool:
     """Creates the default process group unless it exists or the world is one process.
 
     Returns True when this call created it (the caller then owns its destruction).
     """
+    import torch.distributed as dist
+
+    from meshyard.parallel import backend_for
+
     if dist_env.world_size == 1 or dist.is_initialized():
         return False
     kwargs: dict[str, Any] = {}
@@ -147,6 +147,8 @@ def set_collective_timeout(seconds: float) -> None:
     Sub-groups (the mesh dimensions) copy the init timeout when created, so they are all
     updated, not only the default group.
     """
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return
     from torch.distributed import distributed_c10d as c10d

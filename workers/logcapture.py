@@ -24,14 +24,35 @@ def private_opener(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
+class LineTail:
+    """New complete lines of a growing file since the last read (from its size at creation);
+    `read(final=True)` also returns a last line without its newline."""
+
+    def __init__(self, path: Path, *, from_start: bool = False) -> None:
+        self.path = path
+        self._offset = 0 if from_start or not path.exists() else path.stat().st_size
+        self._partial = ""
+
+    def read(self, *, final: bool = False, max_line: int = _MAX_LINE) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data.decode("utf-8", errors="replace")).split("\n")
+        self._partial = "" if final else lines.pop()
+        return [line[:max_line] for line in lines if line or not final]
+
+
 class LogCapture:
     def __init__(self, *, stdout: Path, stderr: Path,
                  sink: Callable[[str, str], None]) -> None:
         self._paths = {"stdout": stdout, "stderr": stderr}
         self._sink = sink
         self._saved: dict[int, int] = {}
-        self._offsets = {"stdout": 0, "stderr": 0}
-        self._partial = {"stdout": "", "stderr": ""}
+        self._tails: dict[str, LineTail] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -40,7 +61,7 @@ class LogCapture:
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             path = self._paths[stream]
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._offsets[stream] = path.stat().st_size if path.exists() else 0
+            self._tails[stream] = LineTail(path)
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._saved[fd] = os.dup(fd)
             os.dup2(target, fd)
@@ -65,20 +86,9 @@ class LogCapture:
             self._read_all(final=False)
 
     def _read_all(self, *, final: bool) -> None:
-        for stream, path in self._paths.items():
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets[stream])
-                    data = f.read()
-            except OSError:
-                continue
-            self._offsets[stream] += len(data)
-            text = self._partial[stream] + data.decode("utf-8", errors="replace")
-            lines = text.split("\n")
-            self._partial[stream] = "" if final else lines.pop()
-            for line in lines:
-                if line or not final:
-                    self._sink(stream, line[:_MAX_LINE])
+        for stream, tail in self._tails.items():
+            for line in tail.read(final=final):
+                self._sink(stream, line)
 
 
 def _flush_std() -> None:

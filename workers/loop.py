@@ -152,7 +152,8 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
     shards = (range(MeshShape.from_parallelism(spec.parallelism).dp) if reference
               else [dims.dp_index(env.rank)])
     data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
-                      seq_len=built.seq_len, device=device)
+                      seq_len=built.seq_len, device=device,
+                      num_shards=MeshShape.from_parallelism(spec.parallelism).dp)
     callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "
                      f"dp={dp_plan(spec, dims)} runner={type(runner).__name__} "
                      f"optimizer={type(optimizer).__name__}")

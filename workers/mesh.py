@@ -21,10 +21,9 @@ def build_mesh(dims: MeshShape, *, device_type: str) -> DeviceMesh:
     callers slice ``mesh["tp"]`` without checking which degrees are > 1.
     """
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshyard.parallel import init_mesh
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     dims.validate_world(world)
-    mesh = init_device_mesh(device_type, dims.sizes, mesh_dim_names=DIMS)
-    mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    return mesh
+    return init_mesh(device_type, dims.sizes, DIMS)

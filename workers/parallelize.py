@@ -6,7 +6,8 @@ Order matters and is fixed:
    sharded on tp; everything after must see those DTensors.
 2. Activation checkpointing next: it wraps each block, and FSDP must shard the *wrapped* block
    so that its all-gather is re-issued for the recomputation in backward.
-3. Data parallelism last, wrapping what TP produced:
+3. Data parallelism last, wrapping what TP produced (`meshyard.parallel`, shared with user
+   code's `prepare_model`):
    * ZeRO-3 / ZeRO-2: FSDP2 ``fully_shard`` per block then the root, over ``mesh["dp_shard"]``,
      or the 2D ``mesh["dp_replicate", "dp_shard"]`` (HSDP) when both degrees are > 1.
      ZeRO-2 keeps parameters unsharded after forward (``reshard_after_forward=False``).
@@ -23,16 +24,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from meshyard.parallel import apply_data_parallel, ddp_group, dp_kind
 from orchestrator.mesh import MeshShape
 from orchestrator.spec import CommHook, JobSpec
 from workers.model import BuiltModel
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-
-class UnsupportedLayoutError(ValueError):
-    pass
 
 
 def _blocks(module: nn.Module, built: BuiltModel) -> list[tuple[str, nn.Module]]:
@@ -88,27 +86,6 @@ def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
         container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def apply_fsdp(module: nn.Module, *, built: BuiltModel, dp_mesh: DeviceMesh,
-               reshard_after_forward: bool) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    for _, block in _blocks(module, built):
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    # The root holds embedding / norm / head; it never reshards after forward because
-    # backward starts with the head.
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
-
-
-def apply_ddp(module: nn.Module, *, spec: JobSpec, group: Any, device: torch.device) -> Any:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    opts = spec.training.ddp
-    ddp = DDP(module, process_group=group, bucket_cap_mb=opts.bucket_cap_mb,
-              device_ids=[device.index] if device.type == "cuda" else None)
-    _register_comm_hook(ddp, spec=spec, group=group)
-    return ddp
-
-
 def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -128,12 +105,8 @@ def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
 
 def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
     """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
-    stage = spec.parallelism.effective_zero_stage()
-    if dims.dp == 1:
-        return "none"
-    if stage in (2, 3):
-        return "fsdp"
-    return "zero1" if stage == 1 else "ddp"
+    return dp_kind(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
+                   zero_stage=spec.parallelism.effective_zero_stage())
 
 
 def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: MeshShape,
@@ -141,7 +114,9 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
     """Applies TP -> AC -> FSDP/DDP to ``module`` (the whole model or one pipeline chunk).
 
     ``built`` carries the TP plan and where the blocks live. Returns the module to train
-    (a DDP wrapper for DDP / ZeRO-1, else ``module`` itself, changed in place).
+    (a DDP wrapper for DDP / ZeRO-1, else ``module`` itself, changed in place). The data
+    parallelism is `meshyard.parallel`'s, the same code user jobs get from
+    `meshyard.train.torch.prepare_model`.
     """
     module.to(device)
     if dims.tp > 1:
@@ -150,21 +125,16 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
     if spec.parallelism.activation_checkpointing:
         apply_ac(module, built=built)
     kind = dp_plan(spec, dims)
-    if kind == "none":
-        return module
-    assert mesh is not None
-    if kind == "fsdp":
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
-        apply_fsdp(module, built=built, dp_mesh=dp_mesh,
-                   reshard_after_forward=spec.parallelism.effective_zero_stage() == 3)
-        return module
-    if dims.tp > 1:
-        raise UnsupportedLayoutError(
-            "DDP / ZeRO-1 with tp > 1 is not supported; shard data parallelism with dp_shard "
-            "(FSDP, zero_stage 2/3) when combining it with TP")
-    group = mesh.get_group("dp") if kind == "zero1" or dims.dp_shard > 1 \
-        else mesh.get_group("dp_replicate")
-    return apply_ddp(module, spec=spec, group=group, device=device)
+    out = apply_data_parallel(
+        module, kind=kind, mesh=mesh, blocks=[b for _, b in _blocks(module, built)],
+        device=device, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
+        zero_stage=spec.parallelism.effective_zero_stage(),
+        bucket_cap_mb=spec.training.ddp.bucket_cap_mb)
+    if kind in ("ddp", "zero1"):
+        assert mesh is not None
+        _register_comm_hook(out, spec=spec,
+                            group=ddp_group(mesh, kind=kind, dp_shard=dims.dp_shard))
+    return out
 
 
 def build_optimizer(spec: JobSpec, *, parts: list[nn.Module], dims: MeshShape,

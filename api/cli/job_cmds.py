@@ -20,7 +20,8 @@ from api.schemas import Event, JobSummary
 
 
 def _job_line(job: JobSummary) -> str:
-    step = "-" if job.last_step is None else f"{job.last_step}/{job.total_steps}"
+    step = "-" if job.last_step is None else \
+        f"{job.last_step}/{job.total_steps}" if job.total_steps else str(job.last_step)
     return f"{job.id:<22} {job.state.value:<11} {step:>11}  {job.owner:<12} {job.name}"
 
 
@@ -29,10 +30,22 @@ def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                                                 help="Job spec (.yaml, .yml or .json).")],
            submission_id: Annotated[str | None, typer.Option(
                help="Idempotency key: resubmitting with it returns the same job.")] = None,
+           working_dir: Annotated[Path | None, typer.Option(
+               "--working-dir", file_okay=False,
+               help="Ship this directory as the entrypoint's code (zipped with .gitignore / "
+               ".meshyardignore excludes, uploaded, recorded in the spec).")] = None,
            url: UrlOpt = None, token: TokenOpt = None, data_dir: DataDirOpt = None,
            as_json: JsonOpt = False) -> None:
     """Submit a job spec; prints the job id."""
-    job = _run(url, token, data_dir, lambda c: c.submit(file, submission_id=submission_id))
+    if working_dir is not None:
+        try:
+            job = _run(url, token, data_dir, lambda c: c.submit_with_code(
+                file, working_dir=working_dir, submission_id=submission_id))
+        except (ValueError, FileNotFoundError) as exc:
+            typer.echo(f"cannot ship {working_dir}: {exc}", err=True)
+            raise typer.Exit(1) from None
+    else:
+        job = _run(url, token, data_dir, lambda c: c.submit(file, submission_id=submission_id))
     if as_json:
         _print_json(job)
     else:
@@ -74,7 +87,7 @@ def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
              f"  owner:    {job.owner}", f"  ranks:    {job.world_size}",
              f"  attempt:  {job.current_attempt}",
              f"  step:     {job.last_step if job.last_step is not None else '-'}"
-             f"/{job.total_steps}"]
+             + (f"/{job.total_steps}" if job.total_steps else "")]
     if job.last_loss is not None:
         lines.append(f"  loss:     {job.last_loss:.4f}")
     if job.failure_reason:

@@ -59,7 +59,10 @@ class ModelDims:
 
     @classmethod
     def from_spec(cls, spec: Any) -> ModelDims:
-        """From a JobSpec-like object; an import-path model keeps the default block sizes."""
+        """From a JobSpec-like object; an import-path model keeps the default block sizes, and
+        user code (an entrypoint: sizes unknown) the defaults, with its ZeRO stage."""
+        if getattr(spec, "entrypoint", None) is not None:
+            return cls(zero_stage=spec.parallelism.effective_zero_stage())
         m, p, t = spec.model, spec.parallelism, spec.training
         base = {"vocab_size": m.vocab_size, "seq_len": m.seq_len}
         if getattr(m, "kind", "gpt") == "gpt":

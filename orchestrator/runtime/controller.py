@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -40,6 +41,7 @@ from orchestrator.runtime.events import (
     Placed,
     PlacementTimeout,
     PollReply,
+    ProcessesStarted,
     RankStatus,
     Succeeded,
     Terminal,
@@ -49,8 +51,11 @@ from orchestrator.runtime.events import (
 from orchestrator.runtime.failures import FailureGroup, RankFailure, group_failures, summarise
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
+from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
 
 _TICK_S = 0.25
+_STOP_GRACE_S = 2.0
+_USER_STOP_GRACE_S = 5.0  # the rank process gets SIGTERM, then SIGKILL after 3 s
 _FINAL_STATE = {Succeeded: RankState.SUCCEEDED, Failed: RankState.FAILED,
                 Cancelled: RankState.CANCELLED}
 
@@ -94,6 +99,10 @@ class AttemptController:
         self._ranks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._gang: WorkerGang | None = None
+        self._user_code = config.spec.entrypoint is not None
+        self._checkpoints = ReportedCheckpoints(
+            root=Path(config.run_dir) / "checkpoints", world_size=config.world_size,
+            attempt=config.attempt) if self._user_code else None
 
     # -- control-plane API ------------------------------------------------------------------
     def start(self) -> bool:
@@ -179,17 +188,21 @@ class AttemptController:
                 return False
 
     def _supervise(self, gang: WorkerGang) -> None:
-        first_step = False
+        first_step = started = False
+        grace = _USER_STOP_GRACE_S if self._user_code else _STOP_GRACE_S
         watch = AttemptWatchdog(self.cfg, emit=self.log.emit)
         while True:
             finished = gang.wait(timeout_s=_TICK_S)
             drained = gang.drain()
             self._forward(drained)
+            if self._user_code and not started and gang.all_beating():
+                started = True
+                self.log.emit(ProcessesStarted(pids=gang.pids()))
             if not first_step and gang.last_steps():
                 first_step = True
                 self.log.emit(FirstStep(step=min(gang.last_steps().values())))
             if self._cancel.is_set():
-                gang.stop_all(grace_s=2.0)
+                gang.stop_all(grace_s=grace)
                 self._forward(gang.drain())
                 gang.kill()
                 self._finish(Cancelled(message="workers stopped on request"))
@@ -197,7 +210,7 @@ class AttemptController:
             failures = gang.failures()
             if failures:
                 watch.on_failures(gang, failures)  # peers left waiting: diagnose first
-                gang.stop_all(grace_s=3.0)
+                gang.stop_all(grace_s=max(grace, 3.0))
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 gang.kill()
@@ -216,6 +229,8 @@ class AttemptController:
 
     def _forward(self, drained: Drained) -> None:
         if drained.metrics:
+            if self._checkpoints is not None:
+                self._checkpoints.observe(drained.metrics)
             self.log.emit(Metrics(rows=drained.metrics))
         if drained.logs:
             self.log.emit(Logs(lines=drained.logs))
@@ -228,8 +243,11 @@ class AttemptController:
     def _fail(self, failures: list[RankFailure]) -> None:
         groups = group_failures(failures)
         failed_nodes = tuple(sorted({n for grp in groups[:1] for n in grp.nodes}))
-        self._finish(Failed(reason=Reason.WORKER_CRASH, message=summarise(groups),
-                            groups=tuple(groups), failed_nodes=failed_nodes))
+        # User code that could not even load fails the same way on every attempt.
+        setup = bool(failures) and all(f.setup_error for f in failures)
+        self._finish(Failed(reason=Reason.SETUP_ERROR if setup else Reason.WORKER_CRASH,
+                            message=summarise(groups), groups=tuple(groups),
+                            failed_nodes=() if setup else failed_nodes))
 
     def _finish(self, outcome: Terminal) -> None:
         final = _FINAL_STATE.get(type(outcome))

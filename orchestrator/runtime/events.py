@@ -7,6 +7,7 @@ each with one payload below, plus every rank's latest `RankStatus`.
     Placed            the gang reservation (placement group) is ready
     WorkersReady      the worker actors exist; ranks computed from where they landed
     FirstStep         the first training step finished (-> RUNNING)
+    ProcessesStarted  user code: every rank's process runs (-> RUNNING)
     Metrics / Logs    rows and lines drained from the workers
     Diagnosis         a hang watchdog report
     WatchdogError     the watchdog itself failed (logged, never fatal)
@@ -79,6 +80,7 @@ class AttemptConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
     use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
+    package_uri: str | None = None  # user code uploaded to Ray (runtime_env working_dir)
 
     @property
     def pg_name(self) -> str:
@@ -132,6 +134,7 @@ class EventKind(StrEnum):
     PLACED = "placed"
     WORKERS_READY = "workers_ready"
     FIRST_STEP = "first_step"
+    PROCESSES_STARTED = "processes_started"
     METRICS = "metrics"
     LOGS = "logs"
     DIAGNOSIS = "diagnosis"
@@ -159,6 +162,14 @@ class WorkersReady:
 class FirstStep:
     KIND: ClassVar[EventKind] = EventKind.FIRST_STEP
     step: int
+
+
+@dataclass(frozen=True)
+class ProcessesStarted:
+    """User code: every rank's process is running (-> RUNNING without waiting for a report)."""
+
+    KIND: ClassVar[EventKind] = EventKind.PROCESSES_STARTED
+    pids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -229,8 +240,8 @@ class Failed:
     hang_action: WatchdogAction | None = None
 
 
-Payload = (Placed | WorkersReady | FirstStep | Metrics | Logs | Diagnosis | WatchdogError
-           | Succeeded | Cancelled | PlacementTimeout | Failed)
+Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Diagnosis
+           | WatchdogError | Succeeded | Cancelled | PlacementTimeout | Failed)
 Terminal = Succeeded | Cancelled | PlacementTimeout | Failed
 
 

@@ -48,6 +48,8 @@ class RankFailure:
     node_id: str | None = None
     traceback: str = ""
     time: float = 0.0
+    setup_error: bool = False  # user code that could not load (its import failed, ...)
+    exit_code: int | None = None  # user code: the rank process's exit status (-N: signal N)
 
     @property
     def died(self) -> bool:
@@ -61,10 +63,21 @@ class FailureGroup:
     nodes: tuple[str, ...]
     example: str  # one full message, for the reader
     traceback: str  # one traceback tail (the first rank's)
+    exit_codes: tuple[tuple[int, int], ...] = ()  # (rank, exit status) of user-code ranks
 
     def to_dict(self) -> dict[str, Any]:
-        return {"signature": self.signature, "ranks": list(self.ranks), "nodes": list(self.nodes),
-                "count": len(self.ranks), "example": self.example, "traceback": self.traceback}
+        out = {"signature": self.signature, "ranks": list(self.ranks), "nodes": list(self.nodes),
+               "count": len(self.ranks), "example": self.example, "traceback": self.traceback}
+        if self.exit_codes:
+            out["exit_codes"] = {str(r): c for r, c in self.exit_codes}
+        return out
+
+    def exit_text(self) -> str:
+        """' (exit code 3)', ' (exit codes 1, 3)', or '' for ranks without one."""
+        codes = sorted({c for _, c in self.exit_codes})
+        if not codes:
+            return ""
+        return f" (exit code{'s' if len(codes) > 1 else ''} {', '.join(map(str, codes))})"
 
 
 def group_failures(failures: Iterable[RankFailure]) -> list[FailureGroup]:
@@ -83,8 +96,10 @@ def group_failures(failures: Iterable[RankFailure]) -> list[FailureGroup]:
         fs = members[sig]
         ranks = tuple(sorted(f.rank for f in fs))
         nodes = tuple(sorted({f.node or "?" for f in fs}))
+        codes = tuple(sorted((f.rank, f.exit_code) for f in fs if f.exit_code is not None))
         out.append(FailureGroup(signature=sig, ranks=ranks, nodes=nodes,
-                                example=fs[0].message[:2000], traceback=fs[0].traceback[-4000:]))
+                                example=fs[0].message[:2000], traceback=fs[0].traceback[-4000:],
+                                exit_codes=codes))
     return out
 
 
@@ -95,5 +110,5 @@ def summarise(groups: list[FailureGroup]) -> str:
         who = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else \
             f"{len(g.ranks)} ranks ({format_ranges(g.ranks)})"
         where = g.nodes[0] if len(g.nodes) == 1 else f"{len(g.nodes)} nodes"
-        lines.append(f"{who} on {where}: {g.signature}")
+        lines.append(f"{who} on {where}: {g.signature}{g.exit_text()}")
     return "; ".join(lines)

@@ -57,6 +57,7 @@ class WorkerGang:
         self._results: dict[int, RankResult] = {}
         self._dead: set[int] = set()
         self._last_step: dict[int, int] = {}
+        self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
         self._actors: list[Any] = []
         self._pooled: dict[str, list[Any]] = {}  # node id -> leased warm actors
 
@@ -65,6 +66,11 @@ class WorkerGang:
         """Creates the actors, reads where each landed and assigns ranks; None if cancelled."""
         pg = ray.util.get_placement_group(self.cfg.pg_name)
         pooled = self._lease_pooled()
+        # Uploaded user code reaches each node through Ray's working_dir (unpacked there by
+        # Ray's runtime-env agent, held while the actor lives); see orchestrator/packages.py.
+        extra: dict[str, Any] = {}
+        if self.cfg.package_uri:
+            extra["runtime_env"] = {"working_dir": self.cfg.package_uri}
         actors = []
         for i, b in enumerate(self.cfg.bundles):
             if i in pooled:
@@ -73,7 +79,7 @@ class WorkerGang:
             actors.append(WorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=b.cpus, num_gpus=1 if b.gpu is not None else 0, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=i),
+                    pg, placement_group_bundle_index=i), **extra,
             ).remote())
         self._actors = actors
         infos = self._gather([a.info.remote() for a in actors], self.cfg.init_timeout_s)
@@ -96,7 +102,8 @@ class WorkerGang:
 
     def _lease_pooled(self) -> dict[int, Any]:
         """Bundle index -> a warm pooled actor on the bundle's node (CPU bundles only)."""
-        if not self.cfg.use_pool or any(b.gpu is not None for b in self.cfg.bundles):
+        if not self.cfg.use_pool or self.cfg.package_uri or \
+                any(b.gpu is not None for b in self.cfg.bundles):
             return {}
         pool = find_pool()
         if pool is None:
@@ -129,16 +136,21 @@ class WorkerGang:
     def launch(self) -> None:
         cfg = self.cfg
         world = len(self.ranks)
+        # Nodes in the order of their lowest rank (rank 0's node is node 0), ranks in order.
         per_node: dict[str | None, list[int]] = {}
         for r in sorted(self.ranks):
             per_node.setdefault(self.ranks[r].node_id, []).append(r)
+        node_rank = {node: i for i, node in enumerate(per_node)}
         env = dict(cfg.extra_env, MESHYARD_JOB_ID=cfg.job_id, MESHYARD_ATTEMPT=str(cfg.attempt))
         for r, w in self.workers.items():
-            peers = per_node[self.ranks[r].node_id]
+            node = self.ranks[r].node_id
+            peers = per_node[node]
+            gpus = tuple(g for p in peers if (g := self.ranks[p].gpu) is not None)
             assignment = RankAssignment(
                 job_id=cfg.job_id, attempt=cfg.attempt, rank=r, spec=cfg.spec,
                 run_dir=cfg.run_dir, log_dir=cfg.log_dir, train_fn=cfg.train_fn,
-                steps=cfg.steps, env=env,
+                steps=cfg.steps, env=env, node_rank=node_rank[node], num_nodes=len(per_node),
+                local_gpus=gpus if len(gpus) == len(peers) else (),
                 dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,
                               local_world_size=len(peers), master_addr=self.master.addr,
                               master_port=self.master.port))
@@ -184,6 +196,7 @@ class WorkerGang:
                 self._last_step[r] = int(p.metrics[-1].get("step", 0))
             hb = p.heartbeat
             if hb:
+                self._beating[r] = int(hb.get("pid") or 0)
                 upd.update(step=hb.get("step"), phase=hb.get("phase"),
                            last_heartbeat=hb.get("time"), pid=hb.get("pid"))
             elif r in self._last_step:
@@ -197,11 +210,20 @@ class WorkerGang:
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
 
+    def all_beating(self) -> bool:
+        """Every rank has sent a heartbeat (user code: every rank's process runs)."""
+        return bool(self.ranks) and set(self._beating) >= set(self.ranks)
+
+    def pids(self) -> tuple[int, ...]:
+        """Per rank, the pid its heartbeat names (user code: the rank process)."""
+        return tuple(self._beating[r] for r in sorted(self._beating))
+
     def failures(self) -> list[RankFailure]:
         """Failed ranks, earliest first."""
         fs = [RankFailure(rank=r, error_type=res.error_type or "Error", message=res.message,
                           node=self.ranks[r].node, node_id=self.ranks[r].node_id,
-                          traceback=res.traceback, time=res.time or 0.0)
+                          traceback=res.traceback, time=res.time or 0.0,
+                          setup_error=res.setup_error, exit_code=res.exit_code)
               for r, res in self._results.items() if res.failed]
         return sorted(fs, key=lambda f: (f.time, f.rank))
 

@@ -47,6 +47,10 @@ class AttemptWatchdog:
         self.monitor = HangMonitor.from_spec(cfg.spec.watchdog, world_size=cfg.world_size,
                                              now_s=clock(), probe_interval_s=probe_interval_s)
         self._rounds = itertools.count(1)
+        # User code is watched from its first report on (a script that never reports has no
+        # step to stall on), and gets no straggler probes: its Flight Recorder lives in the
+        # rank process, not in the worker actor the probe asks.
+        self._user_code = cfg.spec.entrypoint is not None
 
     # -- controller hooks -------------------------------------------------------------------
     def tick(self, gang: WorkerGang, drained: Drained) -> Failed | None:
@@ -55,10 +59,12 @@ class AttemptWatchdog:
         try:
             now = self._clock()
             self.monitor.observe(now_s=now, metrics=drained.metrics, ranks=drained.ranks)
+            if self._user_code and not gang.last_steps():
+                return None
             due = self.monitor.due(now)
             if due is not None:
                 return self._stall_round(gang, due)
-            if self.monitor.probe_due(now):
+            if not self._user_code and self.monitor.probe_due(now):
                 self._probe(gang)
         except Exception as exc:  # noqa: BLE001 - the watchdog never takes the attempt down
             self._error(exc)

@@ -5,6 +5,7 @@ Restart (after attempt n failed, `failed` attempts failed so far, this one inclu
 
     job cancelling                      -> FINISH_CANCEL (the failure was the cancel)
     the hang watchdog said fail         -> FAIL with the attempt's reason
+    SETUP_ERROR (the code cannot load)  -> FAIL: the next attempt would fail the same way
     failed - 1 < max_failures           -> RESTART: RESTARTING, then QUEUED for attempt n + 1
     otherwise                           -> FAIL with MAX_FAILURES
 
@@ -51,6 +52,8 @@ def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Re
     if cancelling:
         return RestartDecision(Outcome.FINISH_CANCEL, reason, message)
     if hang_action == WatchdogAction.FAIL:  # watchdog.action=fail: a hang ends the job
+        return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
+    if reason == Reason.SETUP_ERROR:
         return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
     if failed - 1 < max_failures:
         return RestartDecision(

@@ -38,6 +38,7 @@ from orchestrator.runtime.events import (
     Placed,
     PlacementTimeout,
     PollReply,
+    ProcessesStarted,
     RankStatus,
     Succeeded,
     WatchdogError,
@@ -176,6 +177,9 @@ class Poller:
                                      data={"master": {"addr": m.addr, "port": m.port}})
             case FirstStep(step=step):
                 self._move(job_id, JobState.RUNNING, Reason.FIRST_STEP, f"step {step} done")
+            case ProcessesStarted(pids=pids):
+                self._move(job_id, JobState.RUNNING, Reason.PROCESSES_STARTED,
+                           f"{len(pids)} rank processes running")
             case Diagnosis():
                 self._record_diagnosis(job_id, n, ev.payload)
             case WatchdogError(message=message):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ray.util.placement_group import placement_group
 
 from orchestrator.fairshare import Queued, fair_order
 from orchestrator.lifecycle import JobState, Reason
+from orchestrator.packages import PackageError
 from orchestrator.placement.gang_plan import GangPlan, Pending, PendingKind, PlanDevice, plan_job
 from orchestrator.placement.holds import GpuHold, busy_gpus, gpu_holds
 from orchestrator.placement.links import LinkFigures
@@ -37,6 +39,7 @@ from orchestrator.quotas import Quota, Usage, job_size, running_block
 from orchestrator.runtime.controller import launch_controller
 from orchestrator.runtime.events import AttemptConfig, pg_name
 from orchestrator.runtime.nodes import read_ray_nodes
+from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.plan_memo import PlanMemo
 from orchestrator.runtime.policy import AttemptFailure, avoid_nodes
 from orchestrator.spec import JobSpec, parse_spec
@@ -57,13 +60,15 @@ class Scheduler:
                  launching: set[str] | None = None, use_pool: bool = False,
                  figures: Callable[[], LinkFigures | None] | None = None,
                  quota_for: Callable[[str], Quota] | None = None,
-                 allow_fault_injection: bool = True, plan: PlanFn = plan_job) -> None:
+                 allow_fault_injection: bool = True, plan: PlanFn = plan_job,
+                 packages_dir: Path | None = None) -> None:
         self.store = store
         self._quota_for = quota_for or (lambda owner: Quota())
         self.allow_fault_injection = allow_fault_injection
         self._plan = plan  # the gang planner (tests count its calls)
         self._memo = PlanMemo()
         self._specs: dict[str, JobSpec] = {}  # parsed once: a stored spec never changes
+        self.packages_dir = packages_dir  # uploaded user code (orchestrator/packages.py)
         # link figures for the cost model: calibrated ones (meshyard calibrate) when present
         self._figures = figures or (lambda: None)
         self.use_pool = use_pool
@@ -123,7 +128,13 @@ class Scheduler:
                 self._memo.remember(key, fingerprint, decision)
                 self._set_pending(job, decision)
                 continue
-            if not self._try_launch(job, spec, decision, snap):
+            try:
+                package_uri = self._package_uri(spec)
+            except (PackageError, OSError, ValueError) as exc:
+                self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
+                                      message=f"entrypoint.working_dir: {exc}")
+                continue
+            if not self._try_launch(job, spec, decision, snap, package_uri=package_uri):
                 continue
             placed.append(job.id)
             usage[job.owner] = usage.get(job.owner, Usage()) + q.size
@@ -166,10 +177,10 @@ class Scheduler:
         return out
 
     def _try_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                    snap: ClusterSnapshot) -> bool:
+                    snap: ClusterSnapshot, *, package_uri: str | None) -> bool:
         self.launching.add(job.id)
         try:
-            self._launch(job, spec, plan, snap)
+            self._launch(job, spec, plan, snap, package_uri=package_uri)
         except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
             log.exception("launching %s failed", job.id)
             return False
@@ -190,8 +201,19 @@ class Scheduler:
         if job.pending_reason != reason:
             self.store.set_pending_reason(job.id, reason)
 
+    def _package_uri(self, spec: JobSpec) -> str | None:
+        """The user code's package in Ray (uploaded from the data dir when Ray lacks it)."""
+        digest = spec.entrypoint.package if spec.entrypoint is not None else None
+        if digest is None:
+            return None
+        if self.packages_dir is None:
+            raise PackageError("this runtime has no package store")
+        # Pinned until the workers can have started: placement, then worker start-up.
+        pin = spec.placement.timeout_s + min(spec.fault_tolerance.init_timeout_s, 600.0) + 300
+        return ensure_in_ray(self.packages_dir, digest, pin_s=pin)
+
     def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                snap: ClusterSnapshot) -> None:
+                snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
         number = job.current_attempt + 1
         name = pg_name(job.id, number)
         self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND,
@@ -202,8 +224,8 @@ class Scheduler:
             [b.resources for b in plan.bundles],
             bundle_label_selector=[{"ray.io/node-id": str(b.node_id)} for b in plan.bundles],
             name=name, lifetime="detached")
-        launch_controller(self._config(job, spec, plan, number, snap),
-                          near_node_id=self.near_node_id)
+        config = replace(self._config(job, spec, plan, number, snap), package_uri=package_uri)
+        launch_controller(config, near_node_id=self.near_node_id)
         log.info("job %s attempt %d: %s", job.id, number, plan.summary)
 
     def _config(self, job: JobRecord, spec: JobSpec, plan: GangPlan, number: int,

@@ -61,7 +61,9 @@ class LocalRay:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> LocalRay:
-        inside = [settings.resolved_runs_dir, *(Path(r) for r in settings.policy().data_roots)]
+        policy = settings.policy()
+        inside = [settings.resolved_runs_dir, *(Path(r) for r in policy.data_roots),
+                  *(Path(r) for r in policy.working_dir_roots)]
         return cls(private_dir=Path(settings.data_dir),
                    open_inside=tuple(p.resolve() for p in inside),
                    secrets=tuple(s for s in (settings.admin_token, settings.database_url) if s),
@@ -204,7 +206,8 @@ class Runtime:
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures, quota_for=self._quota_for,
-                                   allow_fault_injection=self.settings.allow_fault_injection)
+                                   allow_fault_injection=self.settings.allow_fault_injection,
+                                   packages_dir=Path(self.settings.packages_dir).resolve())
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder

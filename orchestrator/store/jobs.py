@@ -95,7 +95,7 @@ class JobOps(StoreBase):
                     id=new_job_id(), name=spec.name, owner=owner, state=JobState.QUEUED.value,
                     priority=spec.priority, spec=spec.model_dump(mode="json"),
                     submission_id=submission_id, world_size=spec.world_size,
-                    total_steps=spec.training.steps, created_at=now, updated_at=now, message="",
+                    total_steps=spec.total_steps, created_at=now, updated_at=now, message="",
                 )
                 s.add(job)
                 s.flush()

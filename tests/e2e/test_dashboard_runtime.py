@@ -124,3 +124,37 @@ def test_injected_hang_diagnosis_highlights_the_culprit(page: Any, server: Serve
     assert Path(dl.value.path()).stat().st_size > 0
     shoot(page, artifacts_dir, "real-hang")
     assert page.errors == []
+
+
+def test_user_code_job_from_the_cli_shows_on_every_page(page: Any, server: Server,
+                                                         artifacts_dir: Path) -> None:
+    """The newcomer's path: `meshyard submit spec.yaml --working-dir DIR` with the Ray Train
+    port (examples/byo/raytrain), then the job list, job page, ranks, chart and logs."""
+    import subprocess
+
+    from tests.e2e.conftest import _meshyard
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "byo" / "raytrain"
+    out = subprocess.run([*_meshyard(), "submit", str(example / "spec.yaml"), "--working-dir",
+                          str(example), "--url", server.url, "--token", server.token, "--json"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    job = json.loads(out.stdout)
+    job_id = job["id"]
+    assert job["spec"]["entrypoint"]["working_dir"].startswith("package:sha256:")
+    assert "model" not in job["spec"] and job["total_steps"] == 0
+    page.goto("/")
+    page.locator(f'tr[data-job-id="{job_id}"]').wait_for()
+    page.locator(f'tr[data-job-id="{job_id}"] .badge', has_text="SUCCEEDED").wait_for(
+        timeout=RUN_MS)
+    page.goto(f"/jobs/{job_id}")
+    page.locator("#rank-body tr").nth(1).wait_for()
+    assert page.locator("#rank-body tr").count() == 2
+    page.wait_for_function("() => Number(document.querySelector('#chart-loss svg')"
+                           "?.dataset.points) === 2")  # one report per epoch
+    page.locator("#events li").filter(has_text="PROCESSES_STARTED").first.wait_for()
+    page.locator("#log-tail").filter(has_text="'epoch': 1").wait_for()
+    shoot(page, artifacts_dir, "user-code-job")
+    assert page.errors == []

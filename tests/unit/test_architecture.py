@@ -11,6 +11,9 @@
 4. No import cycle between orchestrator's packages and modules, or between orchestrator and
    workers; the only arrow from orchestrator into workers is runtime/ launching worker actors;
    nothing imports api/.
+5. meshyard/ (what runs inside a user's rank process) imports nothing from api/, workers/ or
+   orchestrator/ (a user's own packages of those names must not collide with it), and
+   `import meshyard.train` / `meshyard.runner` load no torch.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ WORKERS_MAY_IMPORT = (
     "orchestrator.spec", "orchestrator.mesh", "orchestrator.documents", "orchestrator.worker_env",
     "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
     "orchestrator.watchdog.evidence_files", "orchestrator.planner.calibration.fit",
+    "orchestrator.entrypoint", "orchestrator.worker_env", "orchestrator.limits",
+    "orchestrator.packages",
 )
 
 SCRIPT = """
@@ -194,3 +199,13 @@ def test_no_import_cycles_and_one_arrow_into_workers() -> None:
 def test_the_cycle_check_can_fail() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_meshyard_imports_nothing_of_the_service_and_loads_light() -> None:
+    ours = ("api", "workers", "orchestrator")
+    offenders = {m: sorted(i for i in imports_of(p, m) if i.split(".")[0] in ours)
+                 for m, p in module_files("meshyard").items()}
+    assert "meshyard.runner" in offenders and "meshyard.train.torch" in offenders
+    assert {m: i for m, i in offenders.items() if i} == {}
+    loaded = _probe(["meshyard.train", "meshyard.runner"])
+    assert loaded == {"meshyard.train": [], "meshyard.runner": []}

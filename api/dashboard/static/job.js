@@ -24,7 +24,8 @@
     badge.textContent = job.state;
     badge.className = "badge state-" + job.state.toLowerCase();
     const step = job.last_step === null ? 0 : job.last_step;
-    document.getElementById("job-progress").textContent = step + " / " + job.total_steps;
+    document.getElementById("job-progress").textContent =
+      job.total_steps ? step + " / " + job.total_steps : String(step);
     const bar = document.getElementById("job-progress-bar");
     bar.max = Math.max(job.total_steps, 1);
     bar.value = Math.min(step, job.total_steps);

@@ -46,7 +46,7 @@
       el("td", {}, stateBadge(job.state)),
       el("td", { class: "progress-cell" },
         el("progress", { max: String(Math.max(total, 1)), value: String(Math.min(step, total)) }),
-        el("span", { class: "small" }, step + " / " + total)),
+        el("span", { class: "small" }, total ? step + " / " + total : String(step))),
       el("td", { class: "num" }, fmtNum(job.last_loss)),
       el("td", { class: "num" }, String(job.world_size)),
       el("td", { title: job.created_at }, fmtAge(ageSeconds(job.created_at))));

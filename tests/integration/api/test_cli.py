@@ -107,3 +107,30 @@ def test_token_revoke_on_the_database(tmp_path: Path) -> None:
         assert store.authenticate(token) is None
     finally:
         store.close()
+
+
+@ON_SQLITE
+def test_cli_submit_working_dir_ships_the_code_once(server: Server, tmp_path: Path) -> None:
+    d = server.data_dir
+    example = REPO / "examples" / "byo" / "ddp"
+    name = "byo-" + secrets.token_hex(4)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((example / "spec.yaml").read_text().replace("name: byo-ddp", f"name: {name}"))
+    out = run_cli("submit", str(spec), "--working-dir", str(example), "--json", data_dir=d)
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)
+    ref = job["spec"]["entrypoint"]["working_dir"]
+    digest = ref.removeprefix("package:sha256:")
+    assert (d / "packages" / f"{digest}.zip").is_file()
+    again = run_cli("submit", str(spec), "--working-dir", str(example), "--json", data_dir=d)
+    assert json.loads(again.stdout)["spec"]["entrypoint"]["working_dir"] == ref  # same bytes
+    no_entry = run_cli("submit", str(REPO / "examples" / "quickstart.yaml"), "--working-dir",
+                       str(example), data_dir=d)
+    assert no_entry.returncode == 1 and "has no `entrypoint`" in no_entry.stderr
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "weights.bin", "wb") as f:
+        f.truncate(101 * 2**20)  # sparse: costs no disk
+    over = run_cli("submit", str(spec), "--working-dir", str(big), data_dir=d)
+    assert over.returncode == 1 and "weights.bin (101.0 MiB)" in over.stderr
+    assert "cap" in over.stderr and ".gitignore" in over.stderr
