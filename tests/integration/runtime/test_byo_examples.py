@@ -69,7 +69,7 @@ def test_ray_train_port_and_fsdp_tp_script_train_as_meshyard_jobs(runtime, store
     # epoch's checkpoint complete once both ranks reported it.
     assert [(m.rank, m.step) for m in store.list_metrics(rt)] == [
         (r, s) for s in (1, 2, 3) for r in (0, 1)]
-    ckpts = settings.runs_dir / rt / "checkpoints"
+    ckpts = settings.resolved_runs_dir / rt / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step_*/COMPLETE")) == ["COMPLETE"] * 3
     assert (ckpts / "step_00000003" / "model.pt").is_file()
     # FSDP + TP: the mesh the script built is the job's.

@@ -55,7 +55,7 @@ class Recording(Scheduler):
                          plan=counting, **kw)
 
     def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                snap: ClusterSnapshot) -> None:
+                snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
         self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND)
         self.launched.append(job.name)
 

@@ -31,7 +31,7 @@ def test_script_with_own_api_workers_orchestrator_runs_on_fake_gpus(runtime, sto
         parallelism={"tp": 2, "dp_replicate": 2}, resources={"cpus_per_worker": 0.25}))
     job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=240)
     assert job.state == JobState.SUCCEEDED, job.message
-    run = settings.runs_dir / job_id
+    run = settings.resolved_runs_dir / job_id
     ranks = store.list_ranks(job_id)
     assert [r.rank for r in ranks] == [0, 1, 2, 3] and all(r.gpu is not None for r in ranks)
     by_node: dict[str, list] = {}
@@ -88,7 +88,7 @@ def test_cancel_leaves_no_process_of_the_script(runtime, store, settings):
     ref = ship(settings, USER_CODE / "sleepy")
     job_id = submit(store, user_spec("sleepy", {"command": ["python", "train.py"],
                                                 "working_dir": ref}))
-    run = settings.runs_dir / job_id
+    run = settings.resolved_runs_dir / job_id
     wait_files([run / "pids-rank0", run / "pids-rank1"])
     wait_state(store, job_id, JobState.RUNNING, timeout_s=60)
     pids = [int(p) for r in (0, 1) for p in (run / f"pids-rank{r}").read_text().split()]
