@@ -24,7 +24,19 @@ from api.auth import TokenCache
 from api.errors import install_error_handlers
 from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, HostCheckMiddleware, MetricsMiddleware
-from api.routes import cluster, health, job_data, jobs, logs, packages, plans, tokens, ui, users
+from api.routes import (
+    cluster,
+    health,
+    job_data,
+    jobs,
+    logs,
+    packages,
+    plans,
+    stacks,
+    tokens,
+    ui,
+    users,
+)
 from api.schemas import Problem
 from api.streams import StreamSlots
 from orchestrator.settings import Settings, get_settings
@@ -95,6 +107,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
                   generate_unique_id_function=_operation_id, docs_url=None, redoc_url=None)
     metrics = HttpMetrics()
     metrics.add_job_counts(store.job_counts_by_state)
+    metrics.add_job_conditions(store.active_jobs)
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()
@@ -102,7 +115,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, cluster, plans, tokens, users, packages):
+    for module in (jobs, job_data, logs, stacks, cluster, plans, tokens, users, packages):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)

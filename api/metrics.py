@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from orchestrator.lifecycle import JobState
+from orchestrator.store.records import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,40 @@ class JobStateCollector(Collector):
         return GaugeMetricFamily("meshyard_jobs", "Jobs by lifecycle state.", labels=["state"])
 
 
+class JobConditionCollector(Collector):
+    """Jobs with an open diagnosis, read from the store at scrape time: one series per such
+    job (hung or straggling), valued by when the condition began (unix seconds)."""
+
+    def __init__(self, jobs: Callable[[], list[JobRecord]]) -> None:
+        self._jobs = jobs
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            jobs = self._jobs()
+        except Exception:  # the HTTP metrics still answer when the DB is down
+            log.warning("job conditions unavailable for /metrics", exc_info=True)
+            return
+        family = self._family()
+        for job in jobs:
+            c = job.condition
+            if not c:
+                continue
+            family.add_metric([job.id, job.name, str(c.get("kind")), str(c.get("verdict")),
+                               ",".join(str(r) for r in c.get("culprit_ranks") or ()),
+                               str(c.get("headline", ""))], float(c.get("since_s") or 0))
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "meshyard_job_condition_since_seconds",
+            "Jobs with an open diagnosis (hung or straggling), by when it began (unix s).",
+            labels=["job_id", "job", "condition", "verdict", "culprit_ranks", "headline"])
+
+
 class HttpMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -71,6 +106,9 @@ class HttpMetrics:
 
     def add_job_counts(self, counts: Callable[[], dict[str, int]]) -> None:
         self.registry.register(JobStateCollector(counts))
+
+    def add_job_conditions(self, jobs: Callable[[], list[JobRecord]]) -> None:
+        self.registry.register(JobConditionCollector(jobs))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -24,3 +24,5 @@ StepQuery = Annotated[int | None, Query(ge=-1, le=INT32_MAX,
 def text_query(description: str) -> object:
     """A short text parameter without control characters (PostgreSQL refuses NUL)."""
     return Query(max_length=200, pattern=PRINTABLE_RE, description=description)
+SinceQuery = Annotated[float | None, Query(ge=0, le=1e11, description=(
+    "Only samples taken after this unix time (seconds)."))]

@@ -20,6 +20,23 @@ class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True, frozen=True, extra="ignore")
 
 
+class Condition(_Out):
+    """An open diagnosis: the job is hung (or straggling) since `since`."""
+
+    kind: Literal["hung", "straggling"] = Field(description="hung, or straggling (progress "
+                                                "continues, one rank is late).")
+    verdict: str = Field(description="The diagnosis' verdict class, e.g. NOT_JOINED.")
+    headline: str = Field(description="Who did or did not do what: 'rank 1 never entered "
+                          "all_reduce #15'.")
+    since: datetime = Field(description="When the stall (or straggler) was detected.")
+    text: str = Field(description="The whole condition: 'hung since 06:56:21 UTC — ...'.")
+    culprit_ranks: list[int]
+    diagnosis_id: int = Field(description="GET /v1/jobs/{id}/diagnoses lists it.")
+    attempt: int
+    step: int | None = Field(description="The job's last step when diagnosed; a hang clears "
+                             "once a newer step is reported.")
+
+
 class JobSummary(_Out):
     id: str = Field(description="Job id, `job-...`.")
     name: str = Field(description="Job name from the spec, stored verbatim.")
@@ -34,7 +51,12 @@ class JobSummary(_Out):
     last_loss: float | None = Field(description="Loss at the last reported step.")
     pending_reason: dict[str, Any] | None = Field(description="Why a queued job waits.")
     failure_reason: str | None = Field(description="Typed failure reason when FAILED.")
-    message: str = Field(description="Latest human-readable status message.")
+    message: str = Field(description="The last state change's message (for a failed job: "
+                         "why, naming the culprit rank when one is known).")
+    status: str = Field(default="", description="Where the job is now, in one line: the "
+                        "open condition, why it waits, its step, or how it ended.")
+    condition: Condition | None = Field(default=None, description="Set while a diagnosis is "
+                                        "open (the job is hung or straggling).")
     created_at: datetime
     updated_at: datetime
 
@@ -85,6 +107,13 @@ class AttemptList(_Out):
     items: list[Attempt]
 
 
+class RankCondition(_Out):
+    state: str = Field(description="From the open diagnosis: not_joined | exited | straggler "
+                       "| mismatched | wedged | blocked for culprits; waiting | idle for peers.")
+    collective: str | None = Field(description="The collective it waits in (or never "
+                                   "entered), e.g. 'all_reduce #15'.")
+
+
 class Rank(_Out):
     job_id: str
     attempt: int
@@ -99,6 +128,8 @@ class Rank(_Out):
     phase: str | None
     last_heartbeat: datetime | None
     pid: int | None
+    condition: RankCondition | None = Field(default=None, description="What the open "
+                                            "diagnosis says this rank is doing.")
 
 
 class RankList(_Out):
@@ -114,10 +145,91 @@ class MetricPoint(_Out):
     grad_norm: float | None
     step_time_s: float | None
     tokens_per_s: float | None
+    lr: float | None = None
 
 
 class MetricList(_Out):
     items: list[MetricPoint]
+
+
+class UsagePoint(_Out):
+    """One rank's process at one moment (GPU fields null without a GPU or NVML)."""
+
+    attempt: int
+    rank: int
+    node: str | None
+    at: float = Field(description="Unix time in seconds.")
+    cpu_percent: float | None = Field(description="CPU time of the rank's process over the "
+                                      "last sampling window, in % of one core.")
+    rss_bytes: int | None = Field(description="Resident memory of the rank's process.")
+    gpu_util: float | None = Field(description="Its GPU's utilisation, % (NVML).")
+    gpu_mem_bytes: int | None = Field(description="Memory in use on its GPU (NVML).")
+    gpu_mem_total_bytes: int | None
+
+
+class UsageList(_Out):
+    items: list[UsagePoint]
+
+
+class GpuUsage(_Out):
+    index: int
+    util: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+
+
+class NodeUsagePoint(_Out):
+    node: str
+    at: float = Field(description="Unix time in seconds.")
+    cpu_percent: float | None = Field(description="The whole node's CPU use, %.")
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    gpus: list[GpuUsage] = Field(description="Every GPU NVML sees on the node.")
+
+
+class NodeUsageList(_Out):
+    items: list[NodeUsagePoint]
+
+
+class CheckpointInfo(_Out):
+    attempt: int
+    step: int
+    at: datetime = Field(description="When rank 0 marked it complete.")
+    size_bytes: int | None
+    path: str
+    removed: bool = Field(description="Pruned from disk since (checkpoint.keep).")
+
+
+class CheckpointList(_Out):
+    items: list[CheckpointInfo]
+
+
+class StackGroup(_Out):
+    stack: str = Field(description="One Python stack, as traceback.format_stack prints it.")
+    ranks: list[int] = Field(description="The ranks with a thread in exactly this stack.")
+    ranks_text: str
+    threads: list[str] = Field(description="Those threads' names; '(training)' marks the "
+                               "training thread.")
+    training: bool
+
+
+class StackRequest(_Out):
+    id: int
+    job_id: str
+    attempt: int
+    requested_by: str
+    requested_at: datetime
+    state: Literal["pending", "collecting", "done", "failed"]
+    finished_at: datetime | None
+    groups: list[StackGroup] = Field(default=[], description="Identical stacks merged; "
+                                     "training threads first.")
+    ranks_answered: int = 0
+    errors: dict[str, str] = Field(default={}, description="Rank -> why it gave no stacks.")
+    error: str = Field(default="", description="Why nothing was collected.")
+
+
+class StackRequestList(_Out):
+    items: list[StackRequest]
 
 
 class LogLine(_Out):

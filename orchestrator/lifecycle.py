@@ -41,6 +41,7 @@ class Reason(StrEnum):
     """Why a transition happened. Failure reasons come first."""
 
     NO_RESOURCES = "NO_RESOURCES"
+    INFEASIBLE = "INFEASIBLE"
     PLACEMENT_TIMEOUT = "PLACEMENT_TIMEOUT"
     SETUP_ERROR = "SETUP_ERROR"
     WORKER_CRASH = "WORKER_CRASH"
@@ -59,11 +60,13 @@ class Reason(StrEnum):
     USER_CANCELLED = "USER_CANCELLED"
     WORKERS_STOPPED = "WORKERS_STOPPED"
     REQUEUED = "REQUEUED"
+    PROGRESS_RESUMED = "PROGRESS_RESUMED"
 
 
-FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.PLACEMENT_TIMEOUT, Reason.SETUP_ERROR,
-                             Reason.WORKER_CRASH, Reason.HANG_DETECTED, Reason.MAX_FAILURES,
-                             Reason.CONTROLLER_LOST, Reason.INTERNAL_ERROR})
+FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,
+                             Reason.SETUP_ERROR, Reason.WORKER_CRASH, Reason.HANG_DETECTED,
+                             Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
+                             Reason.INTERNAL_ERROR})
 
 class AttemptState(StrEnum):
     """An attempt's row in the store. RUNNING from the moment it is placed until it ends."""

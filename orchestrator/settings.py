@@ -49,6 +49,16 @@ class Settings(BaseSettings):
         default=True, description="Start the embedded Ray confined (Landlock) out of the "
         "data dir, except the run dirs and data roots; without Landlock it starts unconfined "
         "and logs why.")
+    usage_interval_s: float = Field(
+        default=10.0, ge=1, le=3600,
+        description="One utilisation sample per rank this often at most (a job of more than "
+        "50 ranks samples less often: at most 5 rows a second per job).")
+    node_usage_interval_s: float = Field(
+        default=30.0, ge=0, le=3600,
+        description="Sample every node's CPU, memory and GPUs this often (0 = off).")
+    usage_retention_s: float = Field(
+        default=86400.0, gt=0, le=90 * 86400,
+        description="Node utilisation samples are kept this long.")
 
     # -- deployment policy: which code and data a job may use ------------------------------
     code_roles: CommaList = Field(

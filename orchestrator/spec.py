@@ -191,7 +191,14 @@ class PlacementConstraints(_Frozen):
     )
     timeout_s: float = Field(
         default=300.0, gt=0, le=86400,
-        description="How long the gang reservation may take before the job returns to QUEUED.",
+        description="How long the gang reservation may take before the job returns to QUEUED; "
+        "also how long a job that can never fit the cluster waits before it fails as "
+        "INFEASIBLE.",
+    )
+    wait_for_capacity: bool = Field(
+        default=False,
+        description="Keep waiting when the job can never fit the cluster as it is (an "
+        "autoscaling cluster will grow) instead of failing it as INFEASIBLE.",
     )
 
 

@@ -39,6 +39,7 @@ import ray
 from orchestrator.worker_env import allowlisted
 from workers.assignment import RankAssignment, RankResult, WorkerPoll, WorkerState
 from workers.logcapture import LogCapture, private_opener
+from workers.usage import ProcessSampler
 
 _MAX_BUFFERED_LOGS = 20_000
 _MAX_BUFFERED_METRICS = 100_000
@@ -58,6 +59,7 @@ class _Buffer:
         self._metrics: deque[dict[str, Any]] = deque(maxlen=_MAX_BUFFERED_METRICS)
         self._logs: deque[dict[str, Any]] = deque(maxlen=_MAX_BUFFERED_LOGS)
         self._dropped_logs = 0
+        self._checkpoints: list[dict[str, Any]] = []
         self.heartbeat: dict[str, Any] | None = None
         self.last_step: int | None = None
 
@@ -73,13 +75,19 @@ class _Buffer:
             self._logs.append({"rank": self.rank, "stream": stream, "line": line,
                                "time": time.time()})
 
-    def drain(self, state: WorkerState) -> WorkerPoll:
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._checkpoints.append(dict(info))
+
+    def drain(self, state: WorkerState, usage: dict[str, Any] | None = None) -> WorkerPoll:
         with self._lock:
             out = WorkerPoll(state=state, metrics=tuple(self._metrics), logs=tuple(self._logs),
                              heartbeat=self.heartbeat, last_step=self.last_step,
-                             dropped_logs=self._dropped_logs)
+                             dropped_logs=self._dropped_logs, usage=usage,
+                             checkpoints=tuple(self._checkpoints))
             self._metrics.clear()
             self._logs.clear()
+            self._checkpoints.clear()
             self._dropped_logs = 0
         return out
 
@@ -96,6 +104,9 @@ class _ActorCallbacks:
 
     def on_heartbeat(self, hb: Any) -> None:
         self._buf.heartbeat = hb.to_dict() if hasattr(hb, "to_dict") else dict(hb)
+
+    def on_checkpoint(self, info: dict[str, Any]) -> None:
+        self._buf.checkpoint(info)
 
     def on_log(self, level: str, message: str) -> None:
         self._buf.log("log", f"{level} {message}")
@@ -126,6 +137,7 @@ class WorkerActor:
         from workers.rankproc import become_subreaper
 
         become_subreaper()  # a user job's orphaned grandchildren come back to this actor
+        self._usage: ProcessSampler | None = None
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -159,6 +171,9 @@ class WorkerActor:
         self._stop.clear()
         self._buf = _Buffer(rank=rank)
         self._assignment = self._last_assignment = assignment
+        if self._usage is None:
+            gpus = ray.get_gpu_ids()
+            self._usage = ProcessSampler(gpu_index=int(gpus[0]) if gpus else None)
         self._state = WorkerState.RUNNING
         Path(assignment.log_dir).mkdir(parents=True, exist_ok=True)
         saved = _ProcessState.capture()
@@ -217,7 +232,8 @@ class WorkerActor:
 
     @ray.method(concurrency_group="control")
     def poll(self) -> WorkerPoll:
-        return self._buf.drain(self._state)
+        usage = self._usage.sample() if self._usage is not None else None
+        return self._buf.drain(self._state, usage=usage)
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
@@ -251,12 +267,15 @@ class WorkerActor:
     @ray.method(concurrency_group="diag")
     def diagnostics(self, request: dict[str, Any] | None = None) -> dict[str, Any]:
         """Evidence for the hang watchdog: stacks of every thread, the last heartbeat and the
-        richer evidence of `workers.evidence` (Flight Recorder dump, NCCL log errors)."""
-        from workers.evidence import collect_evidence
+        richer evidence of `workers.evidence` (Flight Recorder dump, NCCL log errors).
+        `request["kind"] == "stacks"` ("stacks now") answers with the stacks alone."""
+        from workers.evidence import collect_evidence, thread_stack_map
 
         out: dict[str, Any] = {"rank": self._buf.rank, "pid": os.getpid(),
                                "heartbeat": self._buf.heartbeat, "state": self._state,
-                               "stacks": _thread_stacks()}
+                               "stacks": thread_stack_map()}
+        if (request or {}).get("kind") == "stacks":
+            return out
         # After a failed run the Flight Recorder still holds what this rank ran (evidence for
         # the hang watchdog when a peer aborted it); the assignment says where to write.
         a = self._assignment or self._last_assignment
@@ -320,12 +339,6 @@ def _apply_rank_env(a: RankAssignment) -> None:
     env = worker_env(a.spec, run_dir=a.run_dir, **a.dist.as_kwargs())
     env.update({k: str(v) for k, v in a.env.items()})
     apply_env(env, run_dir=a.run_dir)
-
-
-def _thread_stacks() -> dict[str, str]:
-    names = {t.ident: t.name for t in threading.enumerate()}
-    return {f"{names.get(tid, '?')}({tid})": "".join(traceback.format_stack(frame))
-            for tid, frame in sys._current_frames().items()}
 
 
 def _jsonable(value: Any) -> Any:

@@ -84,8 +84,12 @@ class RankAssignment:
     local_gpus: tuple[int, ...] = ()  # GPU ids of this node's ranks, in local-rank order
 
     def log_path(self, suffix: str) -> Path:
-        """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr or log)."""
-        return Path(self.log_dir) / f"rank-{self.rank}.{suffix}"
+        return rank_log_path(self.log_dir, self.rank, suffix)
+
+
+def rank_log_path(log_dir: str, rank: int, suffix: str) -> Path:
+    """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr or log)."""
+    return Path(log_dir) / f"rank-{rank}.{suffix}"
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ class RankResult:
 
 @dataclass(frozen=True)
 class WorkerPoll:
-    """What a worker reports since the last poll: metrics rows, log lines, its heartbeat."""
+    """What a worker reports since the last poll: metrics rows, log lines, its heartbeat, a
+    utilisation sample (workers.usage; None between samples) and completed checkpoints."""
 
     state: WorkerState
     metrics: tuple[dict[str, Any], ...] = ()
@@ -119,3 +124,5 @@ class WorkerPoll:
     heartbeat: dict[str, Any] | None = None
     last_step: int | None = None
     dropped_logs: int = 0
+    usage: dict[str, Any] | None = None
+    checkpoints: tuple[dict[str, Any], ...] = ()

@@ -10,6 +10,9 @@ The loop (``workers.loop.run_training``) reports three things, on every rank:
   also while the training thread is blocked inside a collective or in user code — a stuck rank
   keeps reporting the phase and collective sequence numbers where it is stuck.
 * ``on_log(level, message)`` for setup / checkpoint / fault events.
+* ``on_checkpoint(info)`` (optional: hosts without it are skipped, see ``report_checkpoint``)
+  on rank 0 when a checkpoint is complete: ``step, path, size_bytes, time, kept`` (the steps
+  still on disk after pruning).
 
 Hosts: the torchrun launcher (``FileCallbacks``: metrics.jsonl from rank 0 plus one
 heartbeat file per rank), the Ray worker actor (forwards to the controller), tests.
@@ -76,6 +79,13 @@ class TrainingCallbacks(Protocol):
     def on_log(self, level: str, message: str) -> None: ...
 
 
+def report_checkpoint(callbacks: TrainingCallbacks, info: dict[str, Any]) -> None:
+    """Calls ``callbacks.on_checkpoint(info)`` when the host has it."""
+    hook = getattr(callbacks, "on_checkpoint", None)
+    if hook is not None:
+        hook(info)
+
+
 class NullCallbacks:
     def on_step(self, metrics: dict[str, Any]) -> None:
         pass
@@ -84,6 +94,9 @@ class NullCallbacks:
         pass
 
     def on_log(self, level: str, message: str) -> None:
+        pass
+
+    def on_checkpoint(self, info: dict[str, Any]) -> None:
         pass
 
 
@@ -102,6 +115,10 @@ class CompositeCallbacks:
     def on_log(self, level: str, message: str) -> None:
         for cb in self._cbs:
             cb.on_log(level, message)
+
+    def on_checkpoint(self, info: dict[str, Any]) -> None:
+        for cb in self._cbs:
+            report_checkpoint(cb, info)
 
 
 class FileCallbacks:
@@ -136,6 +153,9 @@ class FileCallbacks:
     def on_log(self, level: str, message: str) -> None:
         with self._lock:
             self._log.write(f"{level} {message}\n")
+
+    def on_checkpoint(self, info: dict[str, Any]) -> None:
+        self.on_log("INFO", f"checkpoint complete: {json.dumps(info)}")
 
     def close(self) -> None:
         self._log.close()

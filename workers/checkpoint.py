@@ -21,7 +21,10 @@ saved leaves the new ranks' RNG as seeded.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +87,17 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _size_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 class Checkpointer:
+    """`on_saved(info)` is called on rank 0 when a checkpoint is complete: step, path,
+    size_bytes, time and `kept` (the steps still on disk after pruning)."""
+
     def __init__(self, spec: JobSpec, *, root: str | Path, parts: list[nn.Module],
-                 optimizer: torch.optim.Optimizer, rank: int) -> None:
+                 optimizer: torch.optim.Optimizer, rank: int,
+                 on_saved: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._cfg = spec.checkpoint
         self._root = Path(root)
         if len(parts) != 1:
@@ -95,6 +106,7 @@ class Checkpointer:
         self._model = parts[0]
         self._opt: Any = optimizer
         self._rank = rank
+        self._on_saved = on_saved
         self._zero1 = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
         self._pending: tuple[int, Any] | None = None
         self._last_saved = -1
@@ -163,8 +175,13 @@ class Checkpointer:
         # Every rank's files must be written before the marker says "complete".
         _barrier()
         if self._rank == 0:
-            (_step_dir(self._root, step) / MARKER).write_text(json.dumps({"step": step}))
+            path = _step_dir(self._root, step)
+            (path / MARKER).write_text(json.dumps({"step": step}))
             self._prune()
+            if self._on_saved is not None:
+                self._on_saved({"step": step, "path": os.fspath(path),
+                                "size_bytes": _size_bytes(path), "time": time.time(),
+                                "kept": complete_steps(self._root)})
 
     def _prune(self) -> None:
         for old in complete_steps(self._root)[:-self._cfg.keep]:

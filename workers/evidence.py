@@ -266,6 +266,26 @@ def process_groups() -> dict[str, dict[str, Any]]:
         return {}
 
 
+def thread_stack_map(*, skip_current: bool = True) -> dict[str, str]:
+    """Every thread's Python stack by thread name, the training thread's name marked
+    " (training)"; the calling thread (the one answering a diagnostics request) left out.
+    Names, not thread ids, so identical stacks of different ranks group together."""
+    frames = sys._current_frames()
+    target = _target_thread(frames)
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out: dict[str, str] = {}
+    for ident, frame in frames.items():
+        if skip_current and ident == threading.get_ident():
+            continue
+        label = names.get(ident, "?") + (" (training)" if ident == target else "")
+        n, key = 1, label
+        while key in out:
+            n += 1
+            key = f"{label} #{n}"
+        out[key] = "".join(traceback.format_stack(frame))
+    return out
+
+
 def thread_stacks() -> tuple[str, dict[str, Any] | None, str | None]:
     """(all threads' stacks as text, pending op of the training thread, its top frame)."""
     frames = sys._current_frames()

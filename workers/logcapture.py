@@ -95,3 +95,35 @@ def _flush_std() -> None:
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):
             s.flush()
+
+
+def unseen_tail(path: str, anchor: list[str], *, max_bytes: int = 256 * 1024) -> list[str]:
+    """The lines at the end of a rank's log file that came after `anchor` (the last lines the
+    controller received): what a process wrote just before it died, which its tail thread
+    never handed on. Reads at most the last `max_bytes`; an anchor it cannot find there
+    means everything read is new.
+
+    >>> import tempfile, os
+    >>> f = tempfile.NamedTemporaryFile("w", delete=False); _ = f.write("a\\nb\\nc\\nd\\n")
+    >>> f.close(); unseen_tail(f.name, ["a", "b"]), unseen_tail(f.name, [])
+    (['c', 'd'], ['a', 'b', 'c', 'd'])
+    >>> os.unlink(f.name)
+    """
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    if size > max_bytes:
+        lines = lines[1:]  # the first one is cut
+    if lines and lines[-1] == "":
+        lines.pop()
+    n = len(anchor)
+    for i in range(len(lines) - n, -1, -1):
+        if n and lines[i:i + n] == anchor:
+            return [x[:_MAX_LINE] for x in lines[i + n:]]
+    return [x[:_MAX_LINE] for x in lines]

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from orchestrator.mesh import MeshShape
 from orchestrator.spec import GPTModel, JobSpec
 from workers import mfu
-from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks
+from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks, report_checkpoint
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
@@ -116,7 +116,7 @@ def run_training(
                      reference=reference, progress=progress, callbacks=cbs, attempt=attempt)
         ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
                             parts=run.runner.model_parts, optimizer=run.optimizer,
-                            rank=env.rank)
+                            rank=env.rank, on_saved=lambda info: report_checkpoint(cbs, info))
         progress.background_groups = ckpt.background_groups
         result = _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
         progress.enter(Phase.DONE)
@@ -229,10 +229,17 @@ def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"step": step, "loss": loss_value, "time": time.time(),
                            "step_time_s": dt,
                            "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
-                           "lr": run.spec.training.lr, "stop": stop}
+                           "lr": _current_lr(run.optimizer), "stop": stop}
     if run.mfu_per_tokens_per_s is not None:
         out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
     return out
+
+
+def _current_lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """The learning rate the step just used (the first parameter group's)."""
+    groups = getattr(optimizer, "param_groups", None) or []
+    lr = groups[0].get("lr") if groups else None
+    return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
 
 
 def _train(run: _Run, *, ckpt: Checkpointer, total: int,

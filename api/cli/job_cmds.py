@@ -22,7 +22,8 @@ from api.schemas import Event, JobSummary
 def _job_line(job: JobSummary) -> str:
     step = "-" if job.last_step is None else \
         f"{job.last_step}/{job.total_steps}" if job.total_steps else str(job.last_step)
-    return f"{job.id:<22} {job.state.value:<11} {step:>11}  {job.owner:<12} {job.name}"
+    line = f"{job.id:<22} {job.state.value:<11} {step:>11}  {job.owner:<12} {job.name}"
+    return line + (f"  [{job.condition.text}]" if job.condition is not None else "")
 
 
 @app.command("submit")
@@ -84,6 +85,7 @@ def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
         _print_json(job)
         return
     lines = [f"{job.id}  {job.name}", f"  state:    {job.state.value}",
+             f"  status:   {job.status}",
              f"  owner:    {job.owner}", f"  ranks:    {job.world_size}",
              f"  attempt:  {job.current_attempt}",
              f"  step:     {job.last_step if job.last_step is not None else '-'}"
@@ -92,9 +94,13 @@ def status(job_id: str, url: UrlOpt = None, token: TokenOpt = None,
         lines.append(f"  loss:     {job.last_loss:.4f}")
     if job.failure_reason:
         lines.append(f"  failure:  {job.failure_reason}")
+    if job.condition is not None:
+        c = job.condition
+        lines.append(f"  culprit:  {', '.join(map(str, c.culprit_ranks)) or '-'} "
+                     f"({c.verdict}; `meshyard diagnosis {job.id}`)")
     if job.pending_reason:
         lines.append(f"  waiting:  {json.dumps(job.pending_reason)}")
-    if job.message:
+    if job.message and job.message != job.status:
         lines.append(f"  message:  {job.message}")
     typer.echo("\n".join(lines))
 

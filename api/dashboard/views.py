@@ -39,6 +39,19 @@ def human_bytes(n: int) -> str:
     return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
 
 
+def human_gb(gb: float | None) -> str:
+    """Decimal gigabytes (the planner's unit) in a unit that fits: `human_gb(0.0004) ==
+    '400 KB'`."""
+    if gb is None:
+        return "—"
+    n = gb * 1e9
+    if n < 1e6:
+        return f"{n / 1e3:.0f} KB"
+    if n < 1e9:
+        return f"{n / 1e6:.1f} MB"
+    return f"{gb:.1f} GB"
+
+
 def human_seconds(s: float | None) -> str:
     if s is None:
         return "—"
@@ -102,6 +115,8 @@ def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
     """Per-dimension estimate from where the ranks run, or ({}, why not)."""
     if len(ranks) != mesh.world_size:
         return {}, "Estimated times appear once every rank is placed."
+    used = {r.node for r in ranks}
+    nodes = [n for n in nodes if n.name in used]  # a CPU-only head must not block it
     if not nodes or any(r.node is None or r.gpu is None for r in ranks):
         return {}, "No estimate: ranks run without GPUs or the cluster topology is unknown."
     try:
@@ -247,6 +262,25 @@ def gpu_usage(jobs: Iterable[tuple[JobRecord, Sequence[HeldGpu]]], *,
                                           job_name=job.name if visible else "another user's job",
                                           rank=r.rank if visible else None, hidden=not visible)
     return out
+
+
+@dataclass(frozen=True)
+class ClusterNow:
+    """The cluster page's live part: every node with who holds its GPUs, and the totals of
+    the live nodes."""
+
+    nodes: list[NodeView]
+    total: int
+    used: int
+    alive: int
+
+
+def cluster_now(nodes: Sequence[NodeRecord],
+                usage: dict[tuple[str, int], GpuUse]) -> ClusterNow:
+    views = node_views(nodes, usage)
+    live = [n for n in views if n.alive]
+    return ClusterNow(nodes=views, total=sum(len(n.gpus) for n in live),
+                      used=sum(n.used for n in live), alive=len(live))
 
 
 def node_views(nodes: Sequence[NodeRecord],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 
 from api.deps import StoreDep, UserDep
+from api.params import SinceQuery, text_query
 from api.responses import model_response
-from api.schemas import Cluster, Node, NodeTopology, Topology
+from api.schemas import Cluster, Node, NodeTopology, NodeUsageList, NodeUsagePoint, Topology
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
 
@@ -25,3 +28,13 @@ def get_topology(user: UserDep, store: StoreDep) -> Response:
     return model_response(Topology(nodes=[
         NodeTopology(name=n.name, node_id=n.node_id, topology=n.topology)
         for n in store.list_nodes()]))
+
+
+@router.get("/usage", operation_id="listNodeUsage", response_model=NodeUsageList)
+def list_node_usage(user: UserDep, store: StoreDep, since: SinceQuery = None,
+                    node: Annotated[str | None, text_query("Only this node.")] = None,
+                    limit: Annotated[int, Query(ge=1, le=20_000)] = 5000) -> Response:
+    """Every node's utilisation samples (CPU, memory, GPUs), oldest first."""
+    points = store.list_node_usage(since=since, node=node, limit=limit)
+    return model_response(NodeUsageList(items=[NodeUsagePoint.model_validate(p)
+                                               for p in points]))

@@ -7,25 +7,31 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from api.deps import JobDep, StoreDep
-from api.params import After, AttemptQuery, RankQuery, StepQuery
+from api.params import After, AttemptQuery, RankQuery, SinceQuery, StepQuery
 from api.responses import model_response
 from api.schemas import (
     Attempt,
     AttemptList,
+    CheckpointInfo,
+    CheckpointList,
     Diagnosis,
     DiagnosisList,
     Event,
     EventList,
-    LogLine,
-    LogList,
     MetricList,
     MetricPoint,
     Rank,
+    RankCondition,
     RankList,
+    UsageList,
+    UsagePoint,
 )
+from orchestrator.store.records import JobRecord
+from orchestrator.store.repo import Store
+from orchestrator.watchdog.condition import JobCondition, rank_states
+from orchestrator.watchdog.report import DiagnosisReport
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
-
 
 
 @router.get("/events", operation_id="listJobEvents", response_model=EventList)
@@ -41,11 +47,31 @@ def list_attempts(job: JobDep, store: StoreDep) -> Response:
     return model_response(AttemptList(items=[Attempt.model_validate(a) for a in attempts]))
 
 
+def _open_rank_states(job: JobRecord, store: Store, attempt: int | None
+                      ) -> dict[int, RankCondition]:
+    """Per rank, what the job's open diagnosis says it is doing (empty without one)."""
+    if not job.condition:
+        return {}
+    condition = JobCondition.from_dict(job.condition)
+    if attempt not in (None, condition.attempt):
+        return {}
+    found = store.get_diagnosis(job.id, condition.diagnosis_id)
+    if found is None:
+        return {}
+    states = rank_states(DiagnosisReport.from_dict(found.report))
+    return {r: RankCondition.model_validate(c.to_dict()) for r, c in states.items()}
+
+
 @router.get("/ranks", operation_id="listJobRanks", response_model=RankList)
 def list_ranks(job: JobDep, store: StoreDep,
                attempt: AttemptQuery = None) -> Response:
+    """Each rank as its controller last reported it; while a diagnosis is open, `condition`
+    says what the diagnosis found it doing (the culprit not_joined, its peers waiting)."""
     ranks = store.list_ranks(job.id, attempt=attempt)
-    return model_response(RankList(items=[Rank.model_validate(r) for r in ranks]))
+    states = _open_rank_states(job, store, attempt)
+    return model_response(RankList(items=[
+        Rank.model_validate(r).model_copy(update={"condition": states.get(r.rank)})
+        for r in ranks]))
 
 
 @router.get("/metrics", operation_id="listJobMetrics", response_model=MetricList)
@@ -56,15 +82,23 @@ def list_metrics(job: JobDep, store: StoreDep,
     return model_response(MetricList(items=[MetricPoint.model_validate(p) for p in points]))
 
 
-@router.get("/logs", operation_id="listJobLogs", response_model=LogList)
-def list_logs(job: JobDep, store: StoreDep, after: After = 0,
-              rank: RankQuery = None,
-              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-              tail: Annotated[int | None, Query(ge=1, le=10_000,
-                                                description="Only the last N lines.")] = None,
-              ) -> Response:
-    lines = store.list_logs(job.id, rank=rank, after=after, limit=limit, tail=tail)
-    return model_response(LogList(items=[LogLine.model_validate(line) for line in lines]))
+@router.get("/usage", operation_id="listJobUsage", response_model=UsageList)
+def list_usage(job: JobDep, store: StoreDep, attempt: AttemptQuery = None,
+               rank: RankQuery = None, since: SinceQuery = None,
+               limit: Annotated[int, Query(ge=1, le=20_000)] = 5000) -> Response:
+    """Utilisation samples of the job's ranks (CPU, memory, GPU), oldest first; the newest
+    `limit` when more match."""
+    points = store.list_rank_usage(job.id, attempt=attempt, rank=rank, since=since,
+                                   limit=limit)
+    return model_response(UsageList(items=[UsagePoint.model_validate(p) for p in points]))
+
+
+@router.get("/checkpoints", operation_id="listJobCheckpoints", response_model=CheckpointList)
+def list_checkpoints(job: JobDep, store: StoreDep) -> Response:
+    """The job's complete checkpoints, every attempt's, with step, time and size."""
+    found = store.list_checkpoints(job.id)
+    return model_response(CheckpointList(items=[CheckpointInfo.model_validate(c)
+                                                for c in found]))
 
 
 @router.get("/diagnoses", operation_id="listJobDiagnoses", response_model=DiagnosisList)

@@ -1,4 +1,9 @@
-"""GET /v1/jobs/{id}/logs/follow: a job's log lines as they arrive (NDJSON stream).
+"""A job's log lines: GET /v1/jobs/{id}/logs (filtered, paged), /logs/download (one rank's
+whole log as text) and /logs/follow (as they arrive, NDJSON).
+
+Filters: `attempt`, `rank`, `stream` (stdout | stderr | log), `q` (lines containing it).
+Paging: `after=<id>` reads forward (polling), `before=<id>` the page of older lines before
+the oldest one shown, `tail=N` the newest N.
 
 The control plane writes every rank's stdout / stderr / log lines into the store (the
 controller forwards them, the poller writes them); this route replays the last `tail` lines
@@ -16,24 +21,77 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Credential, credential, lookup
 from api.deps import JobDep, StoreDep, UserDep
-from api.params import After, RankQuery
-from api.schemas import LogLine
+from api.params import After, AttemptQuery, RankQuery, text_query
+from api.responses import model_response
+from api.schemas import LogLine, LogList
 from api.streams import SlotStreamingResponse
 from orchestrator.lifecycle import JobState
+from orchestrator.limits import INT32_MAX, INT64_MAX
 from orchestrator.store.repo import Store
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
 _POLL_S = 0.5
 _BATCH = 1000
 RECHECK_S = 2.0
+
+
+Stream = Literal["stdout", "stderr", "log"]
+_DOWNLOAD_BATCH = 5000
+
+
+@router.get("/logs", operation_id="listJobLogs", response_model=LogList)
+def list_logs(job: JobDep, store: StoreDep, after: After = 0,
+              rank: RankQuery = None, attempt: AttemptQuery = None,
+              stream: Annotated[Stream | None, Query(description="Only this stream.")] = None,
+              q: Annotated[str | None, text_query("Only lines containing this text.")] = None,
+              before: Annotated[int | None, Query(ge=1, le=INT64_MAX, description=(
+                  "The newest lines with id < before (the page before the oldest shown)."))]
+              = None,
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+              tail: Annotated[int | None, Query(ge=1, le=10_000,
+                                                description="Only the last N lines.")] = None,
+              ) -> Response:
+    lines = store.list_logs(job.id, rank=rank, after=after, limit=limit, tail=tail,
+                            attempt=attempt, stream=stream, contains=q or None, before=before)
+    return model_response(LogList(items=[LogLine.model_validate(line) for line in lines]))
+
+
+@router.get("/logs/download", operation_id="downloadRankLog",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"text/plain": {}},
+                             "description": "Every line of the rank's log, oldest first."}})
+def download_log(job: JobDep, store: StoreDep,
+                 rank: Annotated[int, Query(ge=0, le=INT32_MAX, description="The rank.")],
+                 attempt: AttemptQuery = None,
+                 stream: Annotated[Stream | None, Query(description="Only this stream.")]
+                 = None) -> StreamingResponse:
+    """One rank's whole log of one attempt (default: the current one) as a text file, read
+    from the store in batches."""
+    number = attempt or job.current_attempt
+
+    def lines() -> Iterator[bytes]:
+        after = 0
+        while True:
+            batch = store.list_logs(job.id, rank=rank, attempt=number, stream=stream,
+                                    after=after, limit=_DOWNLOAD_BATCH)
+            if not batch:
+                return
+            after = batch[-1].id
+            yield "".join(f"{x.line}\n" for x in batch).encode()
+            if len(batch) < _DOWNLOAD_BATCH:
+                return
+
+    name = f"{job.id}-attempt{number}-rank{rank}.log"
+    return StreamingResponse(lines(), media_type="text/plain; charset=utf-8",
+                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 def _encode(record: Any) -> bytes:

@@ -1,5 +1,6 @@
-"""The web dashboard's HTML routes: `/`, `/login`, `/logout`, `/jobs/{id}`, `/cluster`,
-`/static/{file}` and artifact downloads.
+"""The web dashboard's HTML routes: `/`, `/login`, `/logout`, `/submit`, `/jobs/{id}`,
+`/cluster`, `/static/{file}` and artifact downloads, plus the views pages fetch that are not
+/v1 resources (`/jobs/{id}/comm.json`, `/cluster.json`).
 
 Pages are server-rendered (Jinja2, autoescaped); their live parts are drawn by the static
 scripts from the /v1 API, which accepts the session cookie (see api/dashboard/session.py for
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Request
+from fastapi import Path as FastPath
 from fastapi.responses import (
     FileResponse,
     HTMLResponse,
@@ -26,7 +28,7 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import SESSION_KEY
+from api.auth import SESSION_KEY, authenticate, bearer_token
 from api.dashboard import views
 from api.dashboard.session import (
     COOKIE_NAME,
@@ -38,12 +40,15 @@ from api.dashboard.session import (
 )
 from api.deps import SettingsDep, StoreDep
 from api.errors import NotFound
+from orchestrator.access import may_submit
+from orchestrator.limits import INT32_MAX
 from orchestrator.placement.holds import gpu_holds
 from orchestrator.store.records import UserRecord
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 STATIC_DIR = DASHBOARD_DIR / "static"
 templates = Jinja2Templates(directory=str(DASHBOARD_DIR / "templates"))
+templates.env.filters.update(human_gb=views.human_gb, human_seconds=views.human_seconds)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -55,6 +60,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+EXAMPLE_SPEC = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 MAX_LOGIN_BODY = 4096
 
 router = APIRouter(include_in_schema=False)
@@ -66,6 +72,7 @@ class Session:
     def __init__(self, user: UserRecord, secret: str) -> None:
         self.user = user
         self.csrf = csrf_token(secret)
+        self.can_write = may_submit(user.role) is None  # submit, cancel, stacks now
 
 
 class LoginRequired(Exception):
@@ -81,6 +88,17 @@ def _session(request: Request, store: StoreDep) -> Session:
 
 
 SessionDep = Annotated[Session, Depends(_session)]
+
+
+async def _reader(request: Request, store: StoreDep) -> UserRecord:
+    """A bearer token (scripts, curl) or the dashboard session: artifact links work with
+    either. Without any credential, the browser goes to the login page."""
+    if bearer_token(request) is None and cookie_session(request) is None:
+        raise LoginRequired()
+    return await authenticate(request, store, request.app.state.token_cache)
+
+
+ReaderDep = Annotated[UserRecord, Depends(_reader)]
 
 
 def _job_id(raw: str) -> str:
@@ -154,6 +172,12 @@ def jobs_page(request: Request, session: SessionDep) -> Response:
     return page(request, "jobs.html", session=session, active="jobs")
 
 
+@router.get("/submit", response_class=HTMLResponse)
+def submit_page(request: Request, session: SessionDep) -> Response:
+    return page(request, "submit.html", session=session, active="submit",
+                example=EXAMPLE_SPEC.read_text() if EXAMPLE_SPEC.is_file() else "")
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep) -> Response:
     job = store.get_job(_job_id(job_id), viewer=session.user)
@@ -183,20 +207,28 @@ def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
 def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Response:
     nodes = store.list_nodes()
     levels = views.cluster_levels(nodes)
-    usage = views.gpu_usage(gpu_holds(store), viewer=session.user)
-    node_views = views.node_views(nodes, usage)
+    now = views.cluster_now(nodes, views.gpu_usage(gpu_holds(store), viewer=session.user))
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
-                tree=views.level_tree(nodes, levels), nodes=node_views,
-                total=sum(len(n.gpus) for n in node_views if n.alive),
-                used=sum(n.used for n in node_views if n.alive))
+                tree=views.level_tree(nodes, levels), nodes=now.nodes, total=now.total,
+                used=now.used)
+
+
+@router.get("/cluster.json")
+def cluster_json(session: SessionDep, store: StoreDep) -> Response:
+    """What the cluster page redraws every poll: nodes, who holds which GPU (as the viewer may
+    see it) and the totals. Utilisation comes from /v1/cluster/usage."""
+    now = views.cluster_now(store.list_nodes(),
+                            views.gpu_usage(gpu_holds(store), viewer=session.user))
+    return secure(JSONResponse(asdict(now)))
 
 
 @router.get("/jobs/{job_id}/artifacts/{diagnosis_id}/{index}")
-def artifact(job_id: str, diagnosis_id: int, index: int, session: SessionDep,
+def artifact(job_id: str, diagnosis_id: Annotated[int, FastPath(ge=1, le=INT32_MAX)],
+             index: Annotated[int, FastPath(ge=0, le=10_000)], user: ReaderDep,
              store: StoreDep, request: Request) -> Response:
     """Serves only a path a stored diagnosis lists, and only from under the data dir or the
     runs dir: the URL names an index, never a path."""
-    job = store.get_job(_job_id(job_id), viewer=session.user)
+    job = store.get_job(_job_id(job_id), viewer=user)
     diagnoses = store.list_diagnoses(job.id) if job is not None else []
     found = next((d for d in diagnoses if d.id == diagnosis_id), None)
     paths = list(found.report.get("artifacts") or []) if found is not None else []

@@ -32,6 +32,7 @@ from orchestrator.runtime.events import (
     NAMESPACE,
     AttemptConfig,
     Cancelled,
+    Checkpoints,
     ControllerEvent,
     Failed,
     FirstStep,
@@ -43,15 +44,18 @@ from orchestrator.runtime.events import (
     PollReply,
     ProcessesStarted,
     RankStatus,
+    Stacks,
     Succeeded,
     Terminal,
+    Usage,
     WorkersReady,
     controller_name,
 )
-from orchestrator.runtime.failures import FailureGroup, RankFailure, group_failures, summarise
+from orchestrator.runtime.failures import FailureGroup, RankFailure, attempt_failed
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
+from orchestrator.watchdog.report import DiagnosisReport
 
 _TICK_S = 0.25
 _STOP_GRACE_S = 2.0
@@ -129,6 +133,27 @@ class AttemptController:
 
     def outcome(self) -> str | None:
         return self._outcome.KIND.value if self._outcome is not None else None
+
+    def collect_stacks(self, request_id: int, timeout_s: float = 10.0) -> bool:
+        """"Stacks now": every rank's Python stacks through the watchdog's diagnostics path,
+        collected on a thread of its own; the answer is a `Stacks` event."""
+        threading.Thread(target=self._collect_stacks, args=(request_id, timeout_s),
+                         name=f"stacks-{request_id}", daemon=True).start()
+        return True
+
+    def _collect_stacks(self, request_id: int, timeout_s: float) -> None:
+        gang = self._gang
+        if gang is None:
+            self.log.emit(Stacks(request_id=request_id, ranks={},
+                                 error="the workers are not running yet"))
+            return
+        replies = gang.diagnostics(request={"kind": "stacks"}, timeout_s=timeout_s)
+        ranks = {r: dict(x["stacks"]) for r, x in replies.items()
+                 if isinstance(x, dict) and isinstance(x.get("stacks"), dict)}
+        errors = {r: str(x.get("error", "no stacks in the answer"))[:500]
+                  for r, x in replies.items() if r not in ranks and isinstance(x, dict)}
+        errors.update({r: "its process is gone" for r in gang.ranks if r not in replies})
+        self.log.emit(Stacks(request_id=request_id, ranks=ranks, errors=errors))
 
     def diagnostics(self, stamp: str | None = None, timeout_s: float = 10.0) -> dict[int, Any]:
         """Per-rank evidence from every worker's diagnostics group (for the hang watchdog;
@@ -209,12 +234,13 @@ class AttemptController:
                 return
             failures = gang.failures()
             if failures:
-                watch.on_failures(gang, failures)  # peers left waiting: diagnose first
+                gang.settle(timeout_s=1.0)  # a death the peers' errors report shows up too
+                watch.on_failures(gang, gang.failures())  # peers left waiting: diagnose
                 gang.stop_all(grace_s=max(grace, 3.0))
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 gang.kill()
-                self._fail(failures)
+                self._fail(failures, cause=watch.open_report)
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
@@ -234,20 +260,28 @@ class AttemptController:
             self.log.emit(Metrics(rows=drained.metrics))
         if drained.logs:
             self.log.emit(Logs(lines=drained.logs))
+        if drained.usage:
+            self.log.emit(Usage(rows=drained.usage))
+        if drained.checkpoints:
+            self.log.emit(Checkpoints(saved=drained.checkpoints))
         if drained.ranks:
             with self._ranks_lock:
                 for rank, upd in drained.ranks.items():
                     self._ranks[rank] = replace(self._ranks.get(rank, RankStatus(rank=rank)),
                                                 **upd)
 
-    def _fail(self, failures: list[RankFailure]) -> None:
-        groups = group_failures(failures)
-        failed_nodes = tuple(sorted({n for grp in groups[:1] for n in grp.nodes}))
-        # User code that could not even load fails the same way on every attempt.
+    def _fail(self, failures: list[RankFailure], *, cause: DiagnosisReport | None) -> None:
+        """The attempt failed; its reason and message come from the open diagnosis when
+        there is one (a hang, a rank's exit), else from the first rank to die or fail.
+        User code that could not even load fails the same way on every attempt: it is a
+        setup error and names no node as bad."""
+        failed = attempt_failed(failures, cause)
         setup = bool(failures) and all(f.setup_error for f in failures)
-        self._finish(Failed(reason=Reason.SETUP_ERROR if setup else Reason.WORKER_CRASH,
-                            message=summarise(groups), groups=tuple(groups),
-                            failed_nodes=() if setup else failed_nodes))
+        failed_nodes = () if setup else tuple(
+            sorted({n for grp in failed.groups[:1] for n in grp.nodes}))
+        self._finish(Failed(reason=Reason.SETUP_ERROR if setup else failed.reason,
+                            message=failed.message, groups=failed.groups,
+                            failed_nodes=failed_nodes))
 
     def _finish(self, outcome: Terminal) -> None:
         final = _FINAL_STATE.get(type(outcome))

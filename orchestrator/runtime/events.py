@@ -9,6 +9,9 @@ each with one payload below, plus every rank's latest `RankStatus`.
     FirstStep         the first training step finished (-> RUNNING)
     ProcessesStarted  user code: every rank's process runs (-> RUNNING)
     Metrics / Logs    rows and lines drained from the workers
+    Usage             utilisation samples (CPU, memory, GPU) per rank, at a bounded rate
+    Checkpoints       rank 0's completed checkpoints (step, path, size)
+    Stacks            the answer to a "stacks now" request
     Diagnosis         a hang watchdog report
     WatchdogError     the watchdog itself failed (logged, never fatal)
     Succeeded | Cancelled | PlacementTimeout | Failed     how the attempt ended (terminal)
@@ -81,6 +84,7 @@ class AttemptConfig:
     cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
     use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
     package_uri: str | None = None  # user code uploaded to Ray (runtime_env working_dir)
+    usage_interval_s: float = 10.0  # one utilisation sample per rank this often, at most
 
     @property
     def pg_name(self) -> str:
@@ -137,6 +141,9 @@ class EventKind(StrEnum):
     PROCESSES_STARTED = "processes_started"
     METRICS = "metrics"
     LOGS = "logs"
+    USAGE = "usage"
+    CHECKPOINTS = "checkpoints"
+    STACKS = "stacks"
     DIAGNOSIS = "diagnosis"
     WATCHDOG_ERROR = "watchdog_error"
     SUCCEEDED = "succeeded"
@@ -182,6 +189,30 @@ class Metrics:
 class Logs:
     KIND: ClassVar[EventKind] = EventKind.LOGS
     lines: tuple[dict[str, Any], ...]  # rank, stream, line, time
+
+
+@dataclass(frozen=True)
+class Usage:
+    KIND: ClassVar[EventKind] = EventKind.USAGE
+    rows: tuple[dict[str, Any], ...]  # rank, node, at, cpu_percent, rss_bytes, gpu_* ...
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    KIND: ClassVar[EventKind] = EventKind.CHECKPOINTS
+    saved: tuple[dict[str, Any], ...]  # step, path, size_bytes, time, kept
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """Every rank's Python stacks for the "stacks now" request `request_id`: per rank,
+    thread label -> stack text; ranks that did not answer are in `errors`."""
+
+    KIND: ClassVar[EventKind] = EventKind.STACKS
+    request_id: int
+    ranks: dict[int, dict[str, str]]
+    errors: dict[int, str] = field(default_factory=dict)
+    error: str = ""  # why nothing was collected (no workers yet)
 
 
 @dataclass(frozen=True)
@@ -240,8 +271,9 @@ class Failed:
     hang_action: WatchdogAction | None = None
 
 
-Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Diagnosis
-           | WatchdogError | Succeeded | Cancelled | PlacementTimeout | Failed)
+Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Usage
+           | Checkpoints | Stacks | Diagnosis | WatchdogError | Succeeded | Cancelled
+           | PlacementTimeout | Failed)
 Terminal = Succeeded | Cancelled | PlacementTimeout | Failed
 
 

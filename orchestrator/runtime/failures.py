@@ -18,7 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.lifecycle import Reason
 from orchestrator.ranges import format_ranges
+from orchestrator.watchdog.report import DiagnosisReport, Verdict
 
 _PATTERNS = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<HEX>"),
@@ -112,3 +114,46 @@ def summarise(groups: list[FailureGroup]) -> str:
         where = g.nodes[0] if len(g.nodes) == 1 else f"{len(g.nodes)} nodes"
         lines.append(f"{who} on {where}: {g.signature}{g.exit_text()}")
     return "; ".join(lines)
+
+
+def cause_first(failures: Iterable[RankFailure], culprits: Iterable[int] = ()
+                ) -> list[RankFailure]:
+    """The diagnosis' culprits first, then ranks whose process died, then by time: a peer's
+    "Connection reset by peer" often reaches the controller before the death it reports."""
+    named = set(culprits)
+    return sorted(failures, key=lambda f: (f.rank not in named, not f.died, f.time, f.rank))
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """How a failed attempt is reported: reason, message (the cause first), grouped errors."""
+
+    reason: Reason
+    message: str
+    groups: tuple[FailureGroup, ...]
+
+
+def attempt_failed(failures: Iterable[RankFailure],
+                   cause: DiagnosisReport | None = None) -> AttemptFailed:
+    """The failure of an attempt whose ranks ended with errors. With an open diagnosis (a
+    hang the watchdog reported, or a rank's exit) the reason and message come from it, and
+    the errors that followed (the peers' timeouts) come after:
+
+    >>> r = DiagnosisReport(verdict=Verdict.NOT_JOINED, culprit_ranks=(1,), confidence=0.9,
+    ...                     summary="Rank 1 never entered all_reduce #15.")
+    >>> f = attempt_failed([RankFailure(rank=0, error_type="RuntimeError", message="timeout")],
+    ...                    r)
+    >>> f.reason.value
+    'HANG_DETECTED'
+    >>> f.message
+    'hang detected: Rank 1 never entered all_reduce #15. Then rank 0 on ?: RuntimeError: timeout'
+    """
+    culprits = cause.culprit_ranks if cause is not None else ()
+    groups = tuple(group_failures(cause_first(failures, culprits)))
+    if cause is None or cause.verdict is Verdict.STRAGGLER:
+        return AttemptFailed(Reason.WORKER_CRASH, summarise(list(groups)), groups)
+    if cause.verdict is Verdict.RANK_EXITED:
+        return AttemptFailed(Reason.WORKER_CRASH, summarise(list(groups)) or cause.summary,
+                             groups)
+    then = f" Then {summarise(list(groups))}" if groups else ""
+    return AttemptFailed(Reason.HANG_DETECTED, f"hang detected: {cause.summary}{then}", groups)

@@ -15,7 +15,10 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from orchestrator.lifecycle import RankState
 from orchestrator.mesh import MeshShape
@@ -24,19 +27,34 @@ from orchestrator.runtime.events import AttemptConfig, Master, RankStatus
 from orchestrator.runtime.failures import RankFailure
 from orchestrator.runtime.pool import find_pool
 from workers.actor import WorkerActor
-from workers.assignment import DistEnv, RankAssignment, RankResult, WorkerPoll, WorkerState
+from workers.assignment import (
+    DistEnv,
+    RankAssignment,
+    RankResult,
+    WorkerPoll,
+    WorkerState,
+    rank_log_path,
+)
+from workers.logcapture import unseen_tail
 
 _POLL_TIMEOUT_S = 5.0
+_ANCHOR_LINES = 3
+_CAPTURED = ("stdout", "stderr")
+# Reads a dead rank's log files on its node (they are where its process wrote them).
+_unseen_tail = ray.remote(num_cpus=0, max_retries=0)(unseen_tail)
 
 
 @dataclass(frozen=True)
 class Drained:
-    """One tick's poll of every live worker: metrics rows, log lines, and per-rank updates
-    (RankStatus fields: state, step, phase, last_heartbeat, pid)."""
+    """One tick's poll of every live worker: metrics rows, log lines, per-rank updates
+    (RankStatus fields: state, step, phase, last_heartbeat, pid), utilisation samples (at
+    most one per rank per `usage_interval_s`) and rank 0's completed checkpoints."""
 
     metrics: tuple[dict[str, Any], ...] = ()
     logs: tuple[dict[str, Any], ...] = ()
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    usage: tuple[dict[str, Any], ...] = ()
+    checkpoints: tuple[dict[str, Any], ...] = ()
 
 
 def _death_message(exc: BaseException) -> str:
@@ -58,6 +76,11 @@ class WorkerGang:
         self._dead: set[int] = set()
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
+        self._last_lines: dict[tuple[int, str], list[str]] = {}  # (rank, stream) -> anchor
+        self._untailed: set[int] = set()  # dead ranks whose last output is not read yet
+        self._usage_at: dict[int, float] = {}  # rank -> time of its last kept sample
+        # At most ~5 utilisation rows per second for the whole job, whatever its size.
+        self._usage_every_s = max(cfg.usage_interval_s, cfg.world_size / 5.0)
         self._actors: list[Any] = []
         self._pooled: dict[str, list[Any]] = {}  # node id -> leased warm actors
 
@@ -169,6 +192,7 @@ class WorkerGang:
                 result: RankResult = ray.get(ref)
             except RayActorError as exc:
                 self._dead.add(rank)
+                self._untailed.add(rank)
                 result = RankResult(rank=rank, state=WorkerState.ERROR, error_type="WorkerDied",
                                     message=_death_message(exc))
             except RayError as exc:
@@ -177,6 +201,13 @@ class WorkerGang:
             self._results[rank] = replace(result, time=result.time or time.time())
         return bool(done)
 
+    def settle(self, *, timeout_s: float) -> None:
+        """After a failure: waits (bounded) for the other ranks' ends that are on their way
+        (a dead process surfaces a moment after the errors it causes)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._results) < len(self._refs) and time.monotonic() < deadline:
+            self.wait(timeout_s=0.1)
+
     def drain(self) -> Drained:
         """Polls every live worker: metrics, log lines, heartbeats, per-rank updates."""
         live = {r: w for r, w in self.workers.items() if r not in self._dead}
@@ -184,6 +215,8 @@ class WorkerGang:
         metrics: list[dict[str, Any]] = []
         logs: list[dict[str, Any]] = []
         ranks: dict[int, dict[str, Any]] = {}
+        usage: list[dict[str, Any]] = []
+        checkpoints: list[dict[str, Any]] = []
         for r, ref in refs.items():
             try:
                 p: WorkerPoll = ray.get(ref, timeout=_POLL_TIMEOUT_S)
@@ -191,6 +224,9 @@ class WorkerGang:
                 continue  # the run ref reports the death; a slow poll is retried next tick
             metrics.extend(p.metrics)
             logs.extend(p.logs)
+            checkpoints.extend(p.checkpoints)
+            if p.usage is not None and self._keep_usage(r, float(p.usage["at"])):
+                usage.append(dict(p.usage, rank=r, node=self.ranks[r].node))
             upd: dict[str, Any] = {"state": RankState(p.state.upper())}
             if p.metrics:
                 self._last_step[r] = int(p.metrics[-1].get("step", 0))
@@ -205,7 +241,44 @@ class WorkerGang:
         for r, res in self._results.items():
             if res.failed:
                 ranks.setdefault(r, {})["state"] = RankState.FAILED
-        return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks)
+        logs.extend(self._dead_ranks_output())
+        self._remember_lines(logs)
+        return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
+                       usage=tuple(usage), checkpoints=tuple(checkpoints))
+
+    def _keep_usage(self, rank: int, at: float) -> bool:
+        if at - self._usage_at.get(rank, 0.0) < self._usage_every_s:
+            return False
+        self._usage_at[rank] = at
+        return True
+
+    def _remember_lines(self, logs: list[dict[str, Any]]) -> None:
+        for line in logs:
+            key = (int(line.get("rank", -1)), str(line.get("stream")))
+            if key[1] in _CAPTURED:
+                kept = self._last_lines.setdefault(key, [])
+                kept.append(str(line.get("line", "")))
+                del kept[:-_ANCHOR_LINES]
+
+    def _dead_ranks_output(self) -> list[dict[str, Any]]:
+        """What dead ranks wrote after their last forwarded line (lost with their process's
+        buffers), read from their log files on their node."""
+        out: list[dict[str, Any]] = []
+        for r in sorted(self._untailed):
+            self._untailed.discard(r)
+            info, died = self.ranks[r], (self._results[r].time or time.time())
+            for stream in _CAPTURED:
+                path = str(rank_log_path(self.cfg.log_dir, r, stream))
+                anchor = self._last_lines.get((r, stream), [])
+                task = _unseen_tail.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    str(info.node_id), soft=True)).remote(path, anchor)
+                try:
+                    lines = ray.get(task, timeout=_POLL_TIMEOUT_S * 2)
+                except (RayError, GetTimeoutError):
+                    continue
+                out.extend({"rank": r, "stream": stream, "line": x, "time": died}
+                           for x in lines)
+        return out
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
@@ -234,9 +307,7 @@ class WorkerGang:
         for r, w in self.workers.items():
             if r not in self._results:
                 w.stop.remote()
-        deadline = time.monotonic() + grace_s
-        while len(self._results) < len(self._refs) and time.monotonic() < deadline:
-            self.wait(timeout_s=0.2)
+        self.settle(timeout_s=grace_s)
 
     def kill(self, *, succeeded: bool = False) -> None:
         """Ends every worker; leased warm actors go back to the pool (reused only after a

@@ -4,6 +4,7 @@ act. The attempt controller (orchestrator/runtime/controller.py) drives it:
     watch = AttemptWatchdog(cfg, emit=log.emit)   # when training is launched
     ended = watch.tick(gang, drained)             # every tick; a Failed when it ends the attempt
     watch.on_failures(gang, failures)             # before it stops the gang on a failure
+    watch.open_report                             # the hang (or exit) diagnosed, if any
 
 When to diagnose is the pure `orchestrator.watchdog.monitor.HangMonitor`. On a stall (or
 silent heartbeats) every live worker answers `diagnostics()` on its own concurrency group with
@@ -31,7 +32,7 @@ from orchestrator.watchdog.evidence_files import read_announcement, stamp_now
 from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.locate import rank_locations
 from orchestrator.watchdog.monitor import Action, Due, HangMonitor
-from orchestrator.watchdog.report import DiagnosisReport, RankLocation
+from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
 _PROBE_STAMP = "straggler-probe"
@@ -47,6 +48,9 @@ class AttemptWatchdog:
         self.monitor = HangMonitor.from_spec(cfg.spec.watchdog, world_size=cfg.world_size,
                                              now_s=clock(), probe_interval_s=probe_interval_s)
         self._rounds = itertools.count(1)
+        # The newest hang (or exit) report of this attempt while no progress followed it:
+        # an attempt that then fails takes its reason and message from it.
+        self.open_report: DiagnosisReport | None = None
         # User code is watched from its first report on (a script that never reports has no
         # step to stall on), and gets no straggler probes: its Flight Recorder lives in the
         # rank process, not in the worker actor the probe asks.
@@ -59,6 +63,8 @@ class AttemptWatchdog:
         try:
             now = self._clock()
             self.monitor.observe(now_s=now, metrics=drained.metrics, ranks=drained.ranks)
+            if not self.monitor.reported:
+                self.open_report = None  # progress resumed: that hang is over
             if self._user_code and not gang.last_steps():
                 return None
             due = self.monitor.due(now)
@@ -91,6 +97,7 @@ class AttemptWatchdog:
                                  context=f"{len(failed)} rank(s) ended while "
                                  f"{len(running)} were still running")
             self.monitor.mark_reported()
+            self.open_report = report
             self._publish(report, trigger="exit")
         except Exception as exc:  # noqa: BLE001
             self._error(exc)
@@ -100,6 +107,8 @@ class AttemptWatchdog:
         detected = time.time()
         report = self._round(gang, trigger="stall", context=due.describe())
         self.monitor.mark_reported()
+        if report.verdict is not Verdict.STRAGGLER:
+            self.open_report = report
         self._publish(report, trigger=due.trigger, detected_at=detected)
         nodes = {r: info.node for r, info in gang.ranks.items()}
         act = self.monitor.decide(report, rank_nodes=nodes)

@@ -7,7 +7,11 @@ Restart (after attempt n failed, `failed` attempts failed so far, this one inclu
     the hang watchdog said fail         -> FAIL with the attempt's reason
     SETUP_ERROR (the code cannot load)  -> FAIL: the next attempt would fail the same way
     failed - 1 < max_failures           -> RESTART: RESTARTING, then QUEUED for attempt n + 1
+    max_failures == 0 (no restarts)     -> FAIL with the attempt's own reason and message
     otherwise                           -> FAIL with MAX_FAILURES
+
+Infeasible (a queued job that can never fit the cluster as it is): fail it as INFEASIBLE once
+it has waited `placement.timeout_s`, unless its spec asks to wait for capacity.
 
 Avoid (for the job's next attempt): every node the hang watchdog named as a suspect, and from
 the third attempt on, every node that was among the failed nodes of two or more attempts.
@@ -60,6 +64,8 @@ def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Re
             Outcome.RESTART, reason,
             f"attempt {attempt} failed ({failed} of {max_failures + 1} allowed): {message}",
             requeue_message=f"attempt {attempt + 1} will resume from the latest checkpoint")
+    if max_failures == 0:  # no restart was allowed: the attempt's failure is the job's
+        return RestartDecision(Outcome.FAIL, reason, message)
     return RestartDecision(Outcome.FAIL, Reason.MAX_FAILURES,
                            f"{failed} failed attempts (max_failures={max_failures}); last: "
                            f"{message}")
@@ -102,3 +108,13 @@ def avoid_nodes(*, current_attempt: int, failures: Sequence[AttemptFailure]) -> 
     if current_attempt < 2:
         return suspects
     return nodes_failed_twice(f.failed_nodes for f in failures) | suspects
+
+
+def fail_infeasible(*, infeasible_since: float, now: float, timeout_s: float,
+                    wait_for_capacity: bool) -> bool:
+    """True when a job that never fits has waited long enough to fail as INFEASIBLE.
+
+    >>> fail_infeasible(infeasible_since=0, now=301, timeout_s=300, wait_for_capacity=False)
+    True
+    """
+    return not wait_for_capacity and now - infeasible_since >= timeout_s

@@ -29,6 +29,7 @@ from orchestrator.runtime.controller import find_controller
 from orchestrator.runtime.events import (
     NAMESPACE,
     Cancelled,
+    Checkpoints,
     ControllerEvent,
     Diagnosis,
     Failed,
@@ -40,7 +41,9 @@ from orchestrator.runtime.events import (
     PollReply,
     ProcessesStarted,
     RankStatus,
+    Stacks,
     Succeeded,
+    Usage,
     WatchdogError,
     WorkersReady,
     parse_controller_name,
@@ -48,9 +51,11 @@ from orchestrator.runtime.events import (
     pg_name,
 )
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
+from orchestrator.runtime.stack_requests import record_stacks, serve_stack_requests
 from orchestrator.spec import WatchdogAction, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
+from orchestrator.watchdog.condition import JobCondition
 from orchestrator.watchdog.report import Verdict
 
 log = logging.getLogger("meshyard.poller")
@@ -97,6 +102,7 @@ class Poller:
         self._cancel_sent: dict[tuple[str, int], float] = {}
         self._ranks_seen: dict[tuple[str, int], dict[int, tuple[Any, ...]]] = {}
         self._missing: dict[tuple[str, int], float] = {}
+        self._conditions: dict[str, JobCondition | None] = {}  # job id -> open condition
 
     def tick(self) -> None:
         for job in self.store.active_jobs():
@@ -104,6 +110,10 @@ class Poller:
                 self._job(job)
             except Exception:  # noqa: BLE001 - one bad job must not stop the others
                 log.exception("polling %s failed", job.id)
+        try:
+            serve_stack_requests(self.store)
+        except Exception:  # noqa: BLE001
+            log.exception("serving stacks requests failed")
 
     def _job(self, job: JobRecord) -> None:
         if job.id in self.launching:
@@ -130,6 +140,8 @@ class Poller:
     # -- polling --------------------------------------------------------------------------
     def _drain(self, job: JobRecord, handle: Any) -> None:
         n = job.current_attempt
+        self._conditions[job.id] = JobCondition.from_dict(job.condition) \
+            if job.condition else None
         cursor = self.store.get_cursor(job.id, n)
         while True:
             reply: PollReply = ray.get(handle.poll.remote(cursor), timeout=_POLL_TIMEOUT_S)
@@ -163,9 +175,17 @@ class Poller:
         match ev.payload:
             case Metrics(rows=rows):
                 self.store.add_metrics(job_id, n, list(rows), cursor=ev.seq)
+                self._maybe_clear_condition(job_id, n, rows)
             case Logs(lines=lines):
                 self.store.add_logs(job_id, n, [dict(x, at=_ts(x.get("time"))) for x in lines],
                                     cursor=ev.seq)
+            case Stacks():
+                record_stacks(self.store, ev.payload)
+            case Usage(rows=rows):
+                self.store.add_rank_usage(job_id, n, rows, cursor=ev.seq)
+            case Checkpoints(saved=saved):
+                for info in saved:
+                    self.store.add_checkpoint(job_id, n, info, cursor=ev.seq)
             case Placed(waited_s=waited):
                 self._move(job_id, JobState.STARTING, Reason.PLACEMENT_FOUND,
                            f"gang reservation ready after {waited:g} s")
@@ -205,19 +225,39 @@ class Poller:
                                      final=f.hang_action == WatchdogAction.FAIL)
 
     def _record_diagnosis(self, job_id: str, n: int, d: Diagnosis) -> None:
-        """Stores a hang watchdog report with its attempt, and a job event pointing at it
-        (GET /v1/jobs/{id}/diagnoses and the dashboard show it)."""
+        """Stores a hang watchdog report with its attempt, a job event pointing at it
+        (GET /v1/jobs/{id}/diagnoses and the dashboard show it), and opens the job's
+        condition ("hung since ...") until progress resumes."""
         report = d.report.to_dict()
         report["details"] = {**report.get("details", {}), "trigger": d.trigger,
                              "detected_at": d.detected_at}
         verdict, culprits = d.report.verdict.value, list(d.report.culprit_ranks)
-        self.store.add_diagnosis(job_id, n, verdict=verdict, culprit_ranks=culprits,
-                                 summary=d.report.summary, report=report)
+        stored = self.store.add_diagnosis(job_id, n, verdict=verdict, culprit_ranks=culprits,
+                                          summary=d.report.summary, report=report)
+        job = self.store.get_job(job_id)
+        if job is not None and job.current_attempt == n and not job.state.terminal:
+            condition = JobCondition.from_report(d.report, diagnosis_id=stored.id, attempt=n,
+                                                 since=d.detected_at, step=job.last_step)
+            self.store.set_condition(job_id, condition.to_dict())
+            self._conditions[job_id] = condition
         kind = "info" if d.report.verdict is Verdict.STRAGGLER else "warning"
         self.store.add_event(job_id, kind=kind, reason=verdict,
                              message=f"diagnosis (attempt {n}): {d.report.summary}",
                              data={"verdict": verdict, "culprit_ranks": culprits,
                                    "attempt": n})
+
+    def _maybe_clear_condition(self, job_id: str, n: int, rows: Any) -> None:
+        condition = self._conditions.get(job_id)
+        steps = [int(x["step"]) for x in rows if x.get("step") is not None]
+        if condition is None or condition.attempt != n or not steps \
+                or not condition.cleared_by(max(steps)):
+            return
+        self.store.set_condition(job_id, None)
+        self._conditions[job_id] = None
+        self.store.add_event(job_id, kind="info", reason=Reason.PROGRESS_RESUMED.value,
+                             message=f"progress resumed at step {max(steps)}; no longer "
+                             f"{condition.kind} ({condition.headline})",
+                             data={"diagnosis_id": condition.diagnosis_id})
 
     # -- applying the restart policy --------------------------------------------------------
     def _attempt_failed(self, job_id: str, n: int, *, reason: Reason, message: str,
@@ -305,6 +345,7 @@ class Poller:
         remove_pg(job_id, n)
         self._cancel_sent.pop((job_id, n), None)
         self._ranks_seen.pop((job_id, n), None)
+        self._conditions.pop(job_id, None)
 
 
 def sweep_orphans(store: Store, *, launching: set[str] | frozenset[str] = frozenset()) -> int:

@@ -21,6 +21,7 @@ which waits for the group (spec.placement.timeout_s) and reports back through th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +42,7 @@ from orchestrator.runtime.events import AttemptConfig, pg_name
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.plan_memo import PlanMemo
-from orchestrator.runtime.policy import AttemptFailure, avoid_nodes
+from orchestrator.runtime.policy import AttemptFailure, avoid_nodes, fail_infeasible
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
@@ -61,8 +62,9 @@ class Scheduler:
                  figures: Callable[[], LinkFigures | None] | None = None,
                  quota_for: Callable[[str], Quota] | None = None,
                  allow_fault_injection: bool = True, plan: PlanFn = plan_job,
-                 packages_dir: Path | None = None) -> None:
+                 packages_dir: Path | None = None, usage_interval_s: float = 10.0) -> None:
         self.store = store
+        self.usage_interval_s = usage_interval_s
         self._quota_for = quota_for or (lambda owner: Quota())
         self.allow_fault_injection = allow_fault_injection
         self._plan = plan  # the gang planner (tests count its calls)
@@ -118,15 +120,18 @@ class Scheduler:
             quota = quotas.setdefault(job.owner, self._quota_for(job.owner))
             over = running_block(quota, held=usage.get(job.owner, Usage()), size=q.size)
             if over is not None:
-                self._set_pending(job, Pending(PendingKind.QUOTA, over))
+                self._set_pending(job, spec, Pending(PendingKind.QUOTA, over))
                 continue
             key = (job.id, job.current_attempt, job.updated_at)
-            if self._memo.still_waiting(key, fingerprint) is not None:
-                continue  # same job, same cluster: the same reason to wait, already recorded
+            waiting = self._memo.still_waiting(key, fingerprint)
+            if waiting is not None:  # same job, same cluster: the same reason to wait
+                if waiting.kind == PendingKind.INFEASIBLE:
+                    self._set_pending(job, spec, waiting)  # its placement.timeout_s runs on
+                continue
             decision = self._plan(spec, snap, avoid=self._avoid(job), figures=figures)
             if isinstance(decision, Pending):
                 self._memo.remember(key, fingerprint, decision)
-                self._set_pending(job, decision)
+                self._set_pending(job, spec, decision)
                 continue
             try:
                 package_uri = self._package_uri(spec)
@@ -196,8 +201,26 @@ class Scheduler:
                     for e in self.store.list_events(job.id) if e.kind == "error"]
         return avoid_nodes(current_attempt=job.current_attempt, failures=failures)
 
-    def _set_pending(self, job: JobRecord, pending: Pending) -> None:
+    def _set_pending(self, job: JobRecord, spec: JobSpec, pending: Pending) -> None:
+        """Records why the job waits; one that can never fit fails as INFEASIBLE after
+        placement.timeout_s (`policy.fail_infeasible`)."""
         reason = pending.to_dict()
+        if pending.kind == PendingKind.INFEASIBLE:
+            before = job.pending_reason or {}
+            since = before.get("infeasible_since") if before.get("kind") == reason["kind"] \
+                else None
+            reason["infeasible_since"] = since if isinstance(since, int | float) \
+                else time.time()
+            timeout = spec.placement.timeout_s
+            if fail_infeasible(infeasible_since=reason["infeasible_since"], now=time.time(),
+                               timeout_s=timeout,
+                               wait_for_capacity=spec.placement.wait_for_capacity):
+                self.store.transition(
+                    job.id, JobState.FAILED, reason=Reason.INFEASIBLE,
+                    message=f"{pending.message.rstrip('.')}. It can never fit this cluster as "
+                    f"it is and waited {timeout:g} s (placement.timeout_s); on a cluster that "
+                    "grows, set placement.wait_for_capacity: true", data=reason)
+                return
         if job.pending_reason != reason:
             self.store.set_pending_reason(job.id, reason)
 
@@ -245,4 +268,4 @@ class Scheduler:
             run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,
             init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
             train_fn=self.train_fn, extra_env=self.extra_env, cluster=cluster,
-            use_pool=self.use_pool)
+            use_pool=self.use_pool, usage_interval_s=self.usage_interval_s)

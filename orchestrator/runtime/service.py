@@ -39,6 +39,7 @@ from orchestrator.runtime.poller import Poller, sweep_orphans
 from orchestrator.runtime.pool import ensure_pool, find_pool
 from orchestrator.runtime.sandbox import ConfinedStarter
 from orchestrator.runtime.scheduler import Scheduler
+from orchestrator.runtime.usage import sample_nodes
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
@@ -130,10 +131,12 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
 
 
 class _Loop:
-    """A daemon thread calling `fn` every `interval_s` until stopped; errors are logged."""
+    """A daemon thread calling `fn` every `interval_s` until stopped (the first call after
+    `start_after_s`); errors are logged."""
 
-    def __init__(self, name: str, fn: Callable[[], Any], interval_s: float) -> None:
-        self._fn, self._interval = fn, interval_s
+    def __init__(self, name: str, fn: Callable[[], Any], interval_s: float, *,
+                 start_after_s: float = 0.0) -> None:
+        self._fn, self._interval, self._start_after = fn, interval_s, start_after_s
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -150,6 +153,8 @@ class _Loop:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        if self._start_after > 0:
+            self._stop.wait(self._start_after)
         while not self._stop.is_set():
             try:
                 self._fn()
@@ -207,7 +212,8 @@ class Runtime:
                                    launching=self._launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures, quota_for=self._quota_for,
                                    allow_fault_injection=self.settings.allow_fault_injection,
-                                   packages_dir=Path(self.settings.packages_dir).resolve())
+                                   packages_dir=Path(self.settings.packages_dir).resolve(),
+                                   usage_interval_s=self.settings.usage_interval_s)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
@@ -219,6 +225,10 @@ class Runtime:
             self._reconcile()
         self._loops = [_Loop("meshyard-poller", self._poll_pass, self.tick_s),
                        _Loop("meshyard-scheduler", self._schedule_pass, self.tick_s)]
+        if self.settings.node_usage_interval_s > 0:
+            every = self.settings.node_usage_interval_s
+            self._loops.append(_Loop("meshyard-usage", self._usage_pass, every,
+                                     start_after_s=every))
         for loop in self._loops:
             loop.start()
         if self.elector is not None:
@@ -277,6 +287,10 @@ class Runtime:
             self._last_sweep = time.monotonic()
             sweep_orphans(self.store, launching=self._launching)
             self.register_nodes()
+
+    def _usage_pass(self) -> None:
+        if self.is_leader:
+            sample_nodes(self.store, retention_s=self.settings.usage_retention_s)
 
     # -- nodes ----------------------------------------------------------------------------
     def register_nodes(self) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.access import Role
@@ -25,6 +26,16 @@ class StoreBase:
         with self._sessions.begin() as session:
             yield session
 
+    @staticmethod
+    def _advance_cursor(s: Any, job_id: str, attempt: int, cursor: int | None) -> None:
+        """Moves an attempt's poll cursor, in the transaction of the rows it covers, so a
+        control plane killed between the two can neither lose nor duplicate a batch."""
+        if cursor is not None:
+            s.execute(update(m.Attempt)
+                      .where(m.Attempt.job_id == job_id, m.Attempt.number == attempt,
+                             m.Attempt.cursor < cursor)
+                      .values(cursor=cursor))
+
     @property
     def is_postgres(self) -> bool:
         return self.engine.dialect.name == "postgresql"
@@ -37,6 +48,7 @@ def job_record(j: m.Job) -> r.JobRecord:
         total_steps=j.total_steps, created_at=j.created_at, updated_at=j.updated_at,
         current_attempt=j.current_attempt, last_step=j.last_step, last_loss=j.last_loss,
         pending_reason=j.pending_reason, failure_reason=j.failure_reason, message=j.message,
+        condition=j.condition,
     )
 
 

@@ -176,6 +176,8 @@ class JobOps(StoreBase):
             values["failure_reason"] = reason.value
         if dst != JobState.QUEUED:
             values["pending_reason"] = None
+        if dst.terminal or dst in (JobState.QUEUED, JobState.RESTARTING):
+            values["condition"] = None  # the attempt it described is over
         # Compare-and-set on the state we validated against: SQLite has no SELECT ... FOR
         # UPDATE, so two writers may both read the old state; only one UPDATE matches.
         res = s.execute(update(m.Job).where(m.Job.seq == job.seq, m.Job.state == ev.src.value)
@@ -252,6 +254,12 @@ class JobOps(StoreBase):
         with self._tx() as s:
             job = self._locked_job(s, job_id)
             job.pending_reason = reason
+
+    def set_condition(self, job_id: str, condition: dict[str, Any] | None) -> None:
+        """The job's open diagnosis (orchestrator/watchdog/condition.py), or None."""
+        with self._tx() as s:
+            job = self._locked_job(s, job_id)
+            job.condition = condition
 
     def queued_jobs(self) -> list[JobRecord]:
         stmt = (select(m.Job).where(m.Job.state == JobState.QUEUED.value)

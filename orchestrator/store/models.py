@@ -131,6 +131,9 @@ class Job(Base):
     pending_reason: Mapped[dict[str, Any] | None]
     failure_reason: Mapped[str | None] = mapped_column(String(40))
     message: Mapped[str] = mapped_column(Text, default="")
+    # The open diagnosis of the current attempt (orchestrator/watchdog/condition.py): set
+    # when the watchdog reports, cleared when progress resumes or the attempt ends.
+    condition: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     __table_args__ = (
@@ -201,7 +204,75 @@ class Metric(Base):
     grad_norm: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
     __table_args__ = (Index("ix_metrics_job_step", "job_id", "step"),)
+
+
+class RankUsage(Base):
+    """One rank's process at one moment: CPU, resident memory, and its GPU when it has one.
+    Written at a bounded rate (the controller samples each rank at most every few seconds)."""
+
+    __tablename__ = "rank_usage"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str | None] = mapped_column(String(200))
+    at: Mapped[float] = mapped_column(Float)  # unix seconds, the worker's clock
+    cpu_percent: Mapped[float | None] = mapped_column(Float)
+    rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpu_util: Mapped[float | None] = mapped_column(Float)
+    gpu_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpu_mem_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    __table_args__ = (Index("ix_rank_usage_job_at", "job_id", "at"),)
+
+
+class NodeUsage(Base):
+    """One node at one moment (every node, busy or idle): CPU, memory and its GPUs (NVML)."""
+
+    __tablename__ = "node_usage"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(200))
+    at: Mapped[float] = mapped_column(Float)
+    cpu_percent: Mapped[float | None] = mapped_column(Float)
+    mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    mem_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpus: Mapped[dict[str, Any]]  # {"gpus": [{index, util, mem_used_bytes, mem_total_bytes}]}
+    __table_args__ = (Index("ix_node_usage_node_at", "node", "at"),
+                      Index("ix_node_usage_at", "at"))
+
+
+class Checkpoint(Base):
+    """A complete checkpoint rank 0 reported; `removed` once `keep` pruned it from disk."""
+
+    __tablename__ = "checkpoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(Text, default="")
+    removed: Mapped[bool] = mapped_column(Boolean, default=False)
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "step",
+                                       name="uq_checkpoints_job_attempt_step"),)
+
+
+class StackRequest(Base):
+    """"Stacks now": a user asked for every rank's Python stacks; the leader's poller has the
+    attempt's controller collect them and stores the grouped answer in `result`."""
+
+    __tablename__ = "stack_requests"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    requested_by: Mapped[str] = mapped_column(String(128))
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(16))  # pending | collecting | done | failed
+    finished_at: Mapped[datetime | None]
+    result: Mapped[dict[str, Any] | None]
+    __table_args__ = (Index("ix_stack_requests_job_id_id", "job_id", "id"),
+                      Index("ix_stack_requests_state", "state"))
 
 
 class LogLine(Base):

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.access import Role
+from orchestrator.job_status import status_line
 from orchestrator.lifecycle import JobState
 
 
@@ -58,6 +59,14 @@ class JobRecord:
     pending_reason: dict[str, Any] | None = None
     failure_reason: str | None = None
     message: str = ""
+    condition: dict[str, Any] | None = None  # the open diagnosis (JobCondition.to_dict())
+
+    @property
+    def status(self) -> str:
+        """Where the job is now, in one line (orchestrator/job_status.py)."""
+        return status_line(state=self.state, message=self.message, last_step=self.last_step,
+                           total_steps=self.total_steps, pending_reason=self.pending_reason,
+                           condition=self.condition)
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,54 @@ class MetricRecord:
     grad_norm: float | None
     step_time_s: float | None
     tokens_per_s: float | None
+    lr: float | None = None
+
+
+@dataclass(frozen=True)
+class RankUsageRecord:
+    job_id: str
+    attempt: int
+    rank: int
+    node: str | None
+    at: float
+    cpu_percent: float | None
+    rss_bytes: int | None
+    gpu_util: float | None
+    gpu_mem_bytes: int | None
+    gpu_mem_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class NodeUsageRecord:
+    node: str
+    at: float
+    cpu_percent: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    gpus: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    job_id: str
+    attempt: int
+    step: int
+    at: datetime
+    size_bytes: int | None
+    path: str
+    removed: bool
+
+
+@dataclass(frozen=True)
+class StackRequestRecord:
+    id: int
+    job_id: str
+    attempt: int
+    requested_by: str
+    requested_at: datetime
+    state: str
+    finished_at: datetime | None
+    result: dict[str, Any] | None
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from orchestrator.store.jobs import JobOps
 from orchestrator.store.quotas import QuotaOps
 from orchestrator.store.sessions import SessionOps
+from orchestrator.store.stack_requests import StackRequestOps
 from orchestrator.store.telemetry import TelemetryOps
+from orchestrator.store.usage import UsageOps
 
 
-class Store(SessionOps, QuotaOps, JobOps, TelemetryOps):
+class Store(SessionOps, QuotaOps, JobOps, TelemetryOps, UsageOps, StackRequestOps):
     """Each method is one transaction. Returns frozen records, never rows."""
 
     def close(self) -> None:

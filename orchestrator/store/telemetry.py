@@ -17,7 +17,7 @@ from orchestrator.store.jobs import JobNotFound
 
 _RANK_FIELDS = ("node", "node_id", "gpu", "coords", "state", "step", "phase", "last_heartbeat",
                 "pid")
-_METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s")
+_METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "lr")
 
 
 def _attempt(a: m.Attempt) -> r.AttemptRecord:
@@ -103,15 +103,6 @@ class TelemetryOps(StoreBase):
             return [_rank(x) for x in s.scalars(stmt)]
 
     # -- metrics --------------------------------------------------------------------------
-    def _advance_cursor(self, s: Any, job_id: str, attempt: int, cursor: int | None) -> None:
-        # Written in the same transaction as the rows it covers, so a control plane killed
-        # between the two can neither lose nor duplicate a batch when it replays.
-        if cursor is not None:
-            s.execute(update(m.Attempt)
-                      .where(m.Attempt.job_id == job_id, m.Attempt.number == attempt,
-                             m.Attempt.cursor < cursor)
-                      .values(cursor=cursor))
-
     def add_metrics(self, job_id: str, attempt: int, rows: list[dict[str, Any]], *,
                     cursor: int | None = None) -> None:
         """Appends metric points; the job's last_step / last_loss follow the newest step.
@@ -145,7 +136,8 @@ class TelemetryOps(StoreBase):
         with self._tx() as s:
             return [r.MetricRecord(job_id=x.job_id, attempt=x.attempt, rank=x.rank, step=x.step,
                                    time=x.time, loss=x.loss, grad_norm=x.grad_norm,
-                                   step_time_s=x.step_time_s, tokens_per_s=x.tokens_per_s)
+                                   step_time_s=x.step_time_s, tokens_per_s=x.tokens_per_s,
+                                   lr=x.lr)
                     for x in s.scalars(stmt)]
 
     # -- logs -----------------------------------------------------------------------------
@@ -162,16 +154,35 @@ class TelemetryOps(StoreBase):
             self._advance_cursor(s, job_id, attempt, cursor)
 
     def list_logs(self, job_id: str, *, rank: int | None = None, after: int = 0,
-                  limit: int = 1000, tail: int | None = None) -> list[r.LogRecord]:
+                  limit: int = 1000, tail: int | None = None, attempt: int | None = None,
+                  stream: str | None = None, contains: str | None = None,
+                  before: int | None = None) -> list[r.LogRecord]:
+        """Lines in id order. `tail` (or `before`, an id) reads the newest matching lines
+        first, so a page of older lines is `before=<oldest id shown>`."""
         stmt = select(m.LogLine).where(m.LogLine.job_id == job_id, m.LogLine.id > after)
         if rank is not None:
             stmt = stmt.where(m.LogLine.rank == rank)
+        if attempt is not None:
+            stmt = stmt.where(m.LogLine.attempt == attempt)
+        if stream is not None:
+            stmt = stmt.where(m.LogLine.stream == stream)
+        if contains:
+            stmt = stmt.where(m.LogLine.line.contains(contains, autoescape=True))
+        if before is not None:
+            stmt = stmt.where(m.LogLine.id < before)
+        newest_first = bool(tail) or before is not None
         cap = max(1, min(tail or limit, 100_000))
-        stmt = stmt.order_by(m.LogLine.id.desc() if tail else m.LogLine.id).limit(cap)
+        stmt = stmt.order_by(m.LogLine.id.desc() if newest_first else m.LogLine.id).limit(cap)
         with self._tx() as s:
             out = [r.LogRecord(id=x.id, job_id=x.job_id, attempt=x.attempt, rank=x.rank, at=x.at,
                                stream=x.stream, line=x.line) for x in s.scalars(stmt)]
         return sorted(out, key=lambda x: x.id)
+
+    def get_diagnosis(self, job_id: str, diagnosis_id: int) -> r.DiagnosisRecord | None:
+        with self._tx() as s:
+            d = s.scalar(select(m.Diagnosis).where(m.Diagnosis.job_id == job_id,
+                                                   m.Diagnosis.id == diagnosis_id))
+            return self._diag(d) if d is not None else None
 
     # -- diagnoses ------------------------------------------------------------------------
     def add_diagnosis(self, job_id: str, attempt: int, *, verdict: str, culprit_ranks: list[int],

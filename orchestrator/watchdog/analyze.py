@@ -38,6 +38,7 @@ from orchestrator.watchdog.report import (
     RankReport,
     SuspectHardware,
     Verdict,
+    group_dimension,
 )
 from orchestrator.watchdog.waitgraph import p2p_pending, wait_edges
 
@@ -329,10 +330,13 @@ def _rank_reports(ctx: _Ctx) -> tuple[RankReport, ...]:
         state = ("exited" if r in ctx.dead else "waiting" if r in ctx.waiting
                  else "not_joined" if r in not_joined
                  else "unknown" if ev.trace is None and not ev.stack else "idle")
-        pgs = tuple(PgProgress(pg=v.pg, last_enqueued=v.enqueued.get(r),
+        pgs = tuple(PgProgress(pg=v.pg, name=group_dimension(v.name, v.pg),
+                               last_enqueued=v.enqueued.get(r),
                                last_completed=v.completed.get(r),
                                pending_op=f"{v.stuck_op} #{v.stuck_seq}"
-                               if r in v.waiters else None)
+                               if r in v.waiters else None,
+                               missing_op=f"{v.stuck_op or 'collective'} #{v.stuck_seq}"
+                               if r in v.not_joined else None)
                     for v in ctx.views if r in v.members)
         out.append(RankReport(rank=r, state=state, step=ev.step, pgs=pgs, top_of_stack=_top(ev),
                               nccl_errors=ev.log_errors[:5], exit_info=ev.exit_info,

@@ -64,23 +64,49 @@ class RankLocation:
                             mesh=d.get("mesh") or {})
 
 
+def group_dimension(desc: str | None, pg: str) -> str | None:
+    """A process group's mesh dimension from its description, the name that is the same on
+    every rank (numeric group ids differ between the ranks of one dimension).
+
+    >>> group_dimension("mesh_dp_shard", "3"), group_dimension("default_pg", "0")
+    ('dp_shard', 'default')
+    """
+    if desc and desc.startswith("mesh_"):
+        return desc.removeprefix("mesh_")
+    if desc == "default_pg" or (not desc and pg == "0"):
+        return "default"
+    return desc or None
+
+
 @dataclass(frozen=True)
 class PgProgress:
-    """One process group as seen by one rank: last enqueued / completed collective seq."""
+    """One process group as seen by one rank: last enqueued / completed collective seq.
+    `name` is its mesh dimension (tp, pp, dp_shard, dp_replicate, default) when known;
+    `missing_op` the collective its peers wait in that this rank never entered."""
 
     pg: str
     last_enqueued: int | None = None
     last_completed: int | None = None
     pending_op: str | None = None  # e.g. "all_reduce #7" when enqueued and not completed
+    name: str | None = None
+    missing_op: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Something was enqueued on this group and is not completed."""
+        enq = self.last_enqueued or 0
+        return enq > 0 and enq > (self.last_completed or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pg": self.pg, "last_enqueued": self.last_enqueued,
-                "last_completed": self.last_completed, "pending_op": self.pending_op}
+        return {"pg": self.pg, "name": self.name, "last_enqueued": self.last_enqueued,
+                "last_completed": self.last_completed, "pending_op": self.pending_op,
+                "missing_op": self.missing_op, "pending": self.pending}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> PgProgress:
         return PgProgress(pg=str(d["pg"]), last_enqueued=d.get("last_enqueued"),
-                          last_completed=d.get("last_completed"), pending_op=d.get("pending_op"))
+                          last_completed=d.get("last_completed"), pending_op=d.get("pending_op"),
+                          name=d.get("name"), missing_op=d.get("missing_op"))
 
 
 @dataclass(frozen=True)
@@ -258,7 +284,7 @@ def _evidence_table(evidence: tuple[RankReport, ...]) -> list[str]:
              "| rank | state | step | where | process groups (enq/done) | top of stack | errors |",
              "|---|---|---|---|---|---|---|"]
     for e in evidence:
-        pgs = " ".join(f"{p.pg}:{_dash(p.last_enqueued)}/{_dash(p.last_completed)}"
+        pgs = " ".join(f"{p.name or p.pg}:{_dash(p.last_enqueued)}/{_dash(p.last_completed)}"
                        for p in e.pgs)
         where = e.location.describe() if e.location else ""
         top = (e.top_of_stack or "").replace("|", "\\|")

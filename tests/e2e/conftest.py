@@ -73,12 +73,13 @@ def _wait_for_server(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -
 
 
 @contextlib.contextmanager
-def run_server(data_dir: Path, *, scheduler: bool, extra_args: tuple[str, ...] = ()
-               ) -> Iterator[Server]:
+def run_server(data_dir: Path, *, scheduler: bool, extra_args: tuple[str, ...] = (),
+               extra_env: dict[str, str] | None = None) -> Iterator[Server]:
     """`meshyard serve` on a free port of 127.0.0.1; stopped (SIGTERM, then SIGKILL) after.
     With the scheduler on, the server starts and stops its own local Ray."""
     token = "e2e-" + secrets.token_urlsafe(24)
-    env = {**os.environ, "MESHYARD_ADMIN_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = {**os.environ, "MESHYARD_ADMIN_TOKEN": token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           **(extra_env or {})}
     env.pop("RAY_ADDRESS", None)
     log = data_dir / "serve.log"
     args = ["serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),

@@ -39,10 +39,12 @@ window.MY = (function () {
     while (node.firstChild) node.removeChild(node.firstChild);
   }
 
+  // A non-2xx answer; `body` is the decoded problem+json (its `errors` name field paths).
   class HttpError extends Error {
-    constructor(status, detail) {
+    constructor(status, detail, body) {
       super(detail || ("HTTP " + status));
       this.status = status;
+      this.body = body || null;
     }
   }
 
@@ -59,7 +61,7 @@ window.MY = (function () {
     }
     let body = null;
     try { body = await resp.json(); } catch (e) { body = null; }
-    if (!resp.ok) throw new HttpError(resp.status, body && body.detail);
+    if (!resp.ok) throw new HttpError(resp.status, body && body.detail, body);
     return body;
   }
 
@@ -92,6 +94,30 @@ window.MY = (function () {
     return d.toLocaleString(undefined, { hour12: false });
   }
 
+  // "06:56:21" in the browser's time zone, from an ISO string or unix seconds.
+  function fmtClock(t) {
+    if (t === null || t === undefined) return "—";
+    const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
+    return d.toLocaleTimeString(undefined, { hour12: false });
+  }
+
+  function fmtBytes(n) {
+    if (n === null || n === undefined || isNaN(n)) return "—";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let v = Number(n), i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i === 0 ? String(Math.round(v)) : v.toFixed(v >= 100 ? 0 : 1)) + " " + units[i];
+  }
+
+  function fmtPercent(v) {
+    return v === null || v === undefined || isNaN(v) ? "—" : Math.round(v) + "%";
+  }
+
+  // "hung since 06:56:21 — rank 1 never entered all_reduce #15", in local time.
+  function conditionText(c) {
+    return c ? c.kind + " since " + fmtClock(c.since) + " — " + c.headline : "";
+  }
+
   function stateBadge(state) {
     return el("span", { class: "badge state-" + String(state).toLowerCase() }, String(state));
   }
@@ -120,6 +146,6 @@ window.MY = (function () {
     return { now: () => { if (timer) clearTimeout(timer); tick(); } };
   }
 
-  return { el, svg, clear, api, HttpError, ageSeconds, fmtAge, fmtNum, fmtTime, stateBadge,
-    poll, serverNow, TERMINAL, csrf };
+  return { el, svg, clear, api, HttpError, ageSeconds, fmtAge, fmtNum, fmtTime, fmtClock,
+    fmtBytes, fmtPercent, conditionText, stateBadge, poll, serverNow, TERMINAL, csrf };
 })();

@@ -1,10 +1,28 @@
-// Hang diagnosis view: the newest DiagnosisReport of the job (orchestrator/watchdog/report.py).
+// Diagnosis view: the newest DiagnosisReport of the job (orchestrator/watchdog/report.py),
+// titled by its class (a crash is not a hang).
 "use strict";
 
 window.MYDiagnosis = (function () {
   const { el, clear, fmtTime } = window.MY;
+  const TITLES = {
+    NOT_JOINED: "Hang: a rank never joined the collective",
+    RANK_EXITED: "Crash: a rank exited",
+    COLLECTIVE_MISMATCH: "Hang: collective mismatch",
+    P2P_MISMATCH: "Hang: unmatched send/recv",
+    COMM_WEDGED: "Hang: communication wedged",
+    NON_COLLECTIVE_HANG: "Hang outside collectives",
+    STRAGGLER: "Straggler",
+    UNKNOWN: "Stall: cause unknown",
+  };
 
   function dash(v) { return v === null || v === undefined ? "–" : String(v); }
+
+  // Pending only when something was enqueued and not completed (an idle group is "0 / –").
+  function pending(p) {
+    if (typeof p.pending === "boolean") return p.pending;
+    const enq = p.last_enqueued || 0;
+    return enq > 0 && enq > (p.last_completed || 0);
+  }
 
   function where(loc) {
     if (!loc) return "";
@@ -15,12 +33,17 @@ window.MYDiagnosis = (function () {
     return parts.join(", ");
   }
 
+  // Groups by mesh dimension (the same name on every rank); the one that matters first:
+  // pending here (peers wait), or the collective this rank never entered.
   function pgCell(pgs) {
     const cell = el("td", { class: "pgs" });
-    for (const p of pgs || []) {
-      const stuck = p.last_enqueued !== null && p.last_enqueued !== p.last_completed;
-      cell.appendChild(el("div", { class: stuck ? "pg stuck" : "pg" },
-        `${p.pg}: ${dash(p.last_enqueued)} / ${dash(p.last_completed)}` + (p.pending_op ? ` (${p.pending_op})` : "")));
+    const rank = (p) => (p.missing_op ? 0 : pending(p) ? 1 : (p.last_enqueued || 0) > 0 ? 2 : 3);
+    for (const p of [...(pgs || [])].sort((a, b) => rank(a) - rank(b))) {
+      const name = p.name || (p.pg === "0" ? "default" : "pg " + p.pg);
+      const cls = p.missing_op ? "pg behind" : pending(p) ? "pg stuck" : (p.last_enqueued || 0) > 0 ? "pg" : "pg idle";
+      const note = p.missing_op ? ` — never entered ${p.missing_op}` : (pending(p) && p.pending_op ? ` — waiting in ${p.pending_op}` : "");
+      cell.appendChild(el("div", { class: cls, dataset: { pg: p.pg, dim: name } },
+        `${name}: ${dash(p.last_enqueued)} / ${dash(p.last_completed)}${note}`));
     }
     return cell;
   }
@@ -43,13 +66,13 @@ window.MYDiagnosis = (function () {
       if (!text && !e.exit_info) continue;
       const d = el("details", { class: culprits.has(e.rank) ? "stack culprit" : "stack" },
         el("summary", {}, `rank ${e.rank}` + (culprits.has(e.rank) ? " (culprit)" : "") + ` — ${e.state}`),
-        el("pre", {}, [text, e.exit_info && "exit: " + e.exit_info].filter(Boolean).join("\n")));
+        el("pre", { tabindex: "0" }, [text, e.exit_info && "exit: " + e.exit_info].filter(Boolean).join("\n")));
       if (culprits.has(e.rank)) d.open = true;
       box.appendChild(d);
     }
     if (!box.firstChild) box.appendChild(el("p", { class: "muted" }, "No stacks were captured."));
     const raw = el("details", { class: "stack" }, el("summary", {}, "analysis details (raw)"),
-      el("pre", {}, JSON.stringify(report.details || {}, null, 2)));
+      el("pre", { tabindex: "0" }, JSON.stringify(report.details || {}, null, 2)));
     box.appendChild(raw);
     return box;
   }
@@ -71,6 +94,8 @@ window.MYDiagnosis = (function () {
     const r = latest.report || {};
     const culprits = new Set(latest.culprit_ranks || []);
     section.hidden = false;
+    document.getElementById("diag-title").textContent = TITLES[latest.verdict] || "Diagnosis";
+    section.className = "card diagnosis v-" + String(latest.verdict).toLowerCase();
     const verdict = document.getElementById("diag-verdict");
     verdict.textContent = latest.verdict;
     verdict.className = "badge verdict v-" + String(latest.verdict).toLowerCase();
@@ -103,7 +128,7 @@ window.MYDiagnosis = (function () {
       mm.appendChild(el("tr", {}, el("td", {}, m.pg), el("td", { class: "num" }, dash(m.seq)), el("td", {}, m.field),
         el("td", { class: "mono small" }, m.expected), el("td", { class: "mono small" }, dev)));
     }
-    if (!mm.firstChild) mm.appendChild(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "none")));
+    document.getElementById("diag-mismatch-block").hidden = !mm.firstChild; // shown when there are some
 
     const ev = document.getElementById("diag-evidence");
     clear(ev);

@@ -2,7 +2,7 @@
 "use strict";
 
 (function () {
-  const { el, clear, api, ageSeconds, fmtAge, fmtNum, stateBadge, poll } = window.MY;
+  const { el, clear, api, ageSeconds, fmtAge, fmtNum, conditionText, stateBadge, poll } = window.MY;
   const PAGE = 50;
   const ACTIVE = ["QUEUED", "PLACING", "STARTING", "RUNNING", "RESTARTING", "CANCELLING"];
   const body = document.getElementById("jobs-body");
@@ -36,20 +36,34 @@
     return q;
   }
 
+  // What the row says about the job now: its open condition (hung / straggling, naming the
+  // culprit), else how a failed job ended or why a queued one waits; nothing while healthy.
+  function statusCell(job) {
+    const c = job.condition;
+    if (c) {
+      return el("td", { class: "status cond c-" + c.kind, "data-label": "Status" },
+        el("span", { class: "cond-chip" }, c.kind), " ", conditionText(c).replace(/^\S+ /, ""));
+    }
+    const say = job.state === "FAILED" ? job.message : job.state === "QUEUED" && job.pending_reason
+      ? job.status : "";
+    return el("td", { class: "status" + (job.state === "FAILED" ? " failed" : ""), "data-label": "Status" }, say || "");
+  }
+
   function row(job) {
     const total = job.total_steps || 0;
     const step = job.last_step === null ? 0 : job.last_step;
     const link = el("a", { href: "/jobs/" + encodeURIComponent(job.id), class: "job-link" }, job.name);
-    return el("tr", { dataset: { jobId: job.id, state: job.state } },
+    return el("tr", { dataset: { jobId: job.id, state: job.state }, class: job.condition ? "has-cond" : "" },
       el("td", { class: "name" }, link, el("div", { class: "muted small mono" }, job.id)),
-      el("td", {}, job.owner),
-      el("td", {}, stateBadge(job.state)),
-      el("td", { class: "progress-cell" },
-        el("progress", { max: String(Math.max(total, 1)), value: String(Math.min(step, total)) }),
+      el("td", { "data-label": "Owner" }, job.owner),
+      el("td", { "data-label": "State" }, stateBadge(job.state)),
+      statusCell(job),
+      el("td", { class: "progress-cell", "data-label": "Progress" },
+        el("progress", { max: String(Math.max(total, 1)), value: String(Math.min(step, total)), "aria-label": "progress" }),
         el("span", { class: "small" }, total ? step + " / " + total : String(step))),
-      el("td", { class: "num" }, fmtNum(job.last_loss)),
-      el("td", { class: "num" }, String(job.world_size)),
-      el("td", { title: job.created_at }, fmtAge(ageSeconds(job.created_at))));
+      el("td", { class: "num", "data-label": "Loss" }, fmtNum(job.last_loss)),
+      el("td", { class: "num", "data-label": "Ranks" }, String(job.world_size)),
+      el("td", { title: job.created_at, "data-label": "Age" }, fmtAge(ageSeconds(job.created_at))));
   }
 
   async function load() {

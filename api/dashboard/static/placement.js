@@ -1,6 +1,8 @@
 // Placement map: the job's nodes grouped by NVLink domain or leaf switch; each GPU a cell
-// coloured by TP group, with its PP stage as a top stripe and its DP index as a label;
-// NVLink pairs drawn inside each node; culprit ranks outlined in red.
+// coloured by TP group (no group colour is red: red is the culprit's ring), with its PP stage
+// as a top stripe and its DP index as a label. A node whose GPUs are all NVSwitch-connected
+// gets one bar; otherwise a GPU's NVLinks are drawn while it is hovered or focused, so a
+// DGX-1's 16 links stay readable. Focus a cell and press Enter (or click) to select its rank.
 "use strict";
 
 window.MYPlacement = (function () {
@@ -8,8 +10,9 @@ window.MYPlacement = (function () {
   const CELL = 46, GAP = 5, PER_ROW = 8, TOP = 22, ARC = 20;
   const PP_COLOURS = ["#1f4e79", "#b35c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#455a64"];
 
+  // Hues from amber (45) through green and blue to violet (295): none reads as "culprit".
   function tpColour(group) {
-    return `hsl(${(group * 137.508) % 360}, 58%, ${group % 2 ? 68 : 58}%)`;
+    return `hsl(${45 + (group * 137.508) % 250}, 55%, ${group % 2 ? 74 : 64}%)`;
   }
 
   function meshSizes(ranks) {
@@ -53,7 +56,7 @@ window.MYPlacement = (function () {
     root.appendChild(svg("text", { x: GAP, y: 14, class: "pm-node-name" }, title));
     const y0 = TOP + (arcs ? ARC : 0);
     const pos = (slot) => ({ x: GAP + (slot % PER_ROW) * (CELL + GAP), y: y0 + Math.floor(slot / PER_ROW) * (CELL + 14 + GAP) });
-    for (let s = 0; s < slots; s++) root.appendChild(drawCell(s, bySlot.get(s), pos(s), ctx, cpuOnly));
+    const links = [];
     if (arcs) {
       for (const [a, b, type] of pairs) {
         const pa = pos(a), pb = pos(b);
@@ -61,10 +64,28 @@ window.MYPlacement = (function () {
         const xa = pa.x + CELL / 2, xb = pb.x + CELL / 2, yTop = pa.y - 2;
         const lift = Math.min(ARC - 2, 6 + Math.abs(b - a) * 3);
         const path = svg("path", { d: `M${xa} ${yTop} Q${(xa + xb) / 2} ${yTop - lift * 2} ${xb} ${yTop}`,
-          class: "pm-nvlink", "data-pair": `${a}-${b}` });
+          class: "pm-nvlink pm-arc", "data-pair": `${a}-${b}`, "data-a": a, "data-b": b });
         path.appendChild(svg("title", {}, `GPU ${a} ↔ GPU ${b}: ${type}`));
         root.appendChild(path);
+        links.push({ a, b, type, path });
       }
+    }
+    for (let s = 0; s < slots; s++) {
+      const [cell, labels] = drawCell(s, bySlot.get(s), pos(s), ctx, cpuOnly);
+      const mine = links.filter((l) => l.a === s || l.b === s);
+      if (mine.length) {
+        const on = (v) => () => mine.forEach((l) => l.path.classList.toggle("on", v));
+        cell.addEventListener("pointerenter", on(true));
+        cell.addEventListener("pointerleave", on(false));
+        cell.addEventListener("focus", on(true));
+        cell.addEventListener("blur", on(false));
+        const says = `NVLinks of GPU ${s}: ` +
+          mine.map((l) => `GPU ${l.a === s ? l.b : l.a} (${l.type})`).join(", ");
+        const title = cell.querySelector("title");
+        if (title) title.textContent += " · " + says; else cell.appendChild(svg("title", {}, says));
+      }
+      root.appendChild(cell);
+      root.appendChild(labels);
     }
     if (full) {
       const yb = h - 10;
@@ -76,12 +97,15 @@ window.MYPlacement = (function () {
     return el("div", { class: "pm-node", "data-node": name }, root);
   }
 
+  // A cell (the focusable button: rects and its name) and, drawn over it, its labels. The
+  // labels are a sibling hidden from assistive technology: the cell's name says it in words.
   function drawCell(slot, rank, p, ctx, cpuOnly) {
     const g = svg("g", { class: "pm-gpu" + (rank ? "" : " idle"), "data-gpu": String(slot) });
+    const labels = svg("g", { class: "pm-labels", "aria-hidden": "true" });
     if (!rank) {
       g.appendChild(svg("rect", { x: p.x, y: p.y, width: CELL, height: CELL, rx: 4, class: "pm-free" }));
-      g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle", class: "pm-sub" }, "g" + slot));
-      return g;
+      labels.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle", class: "pm-sub" }, "g" + slot));
+      return [g, labels];
     }
     const c = rank.coords || {};
     const tpGroup = Math.floor(rank.rank / ctx.size.tp);
@@ -93,13 +117,18 @@ window.MYPlacement = (function () {
     g.setAttribute("data-pp", String(c.pp || 0));
     g.setAttribute("data-dp", String(dp));
     g.setAttribute("tabindex", "0");
+    g.setAttribute("role", "button");
+    const coord = (ctx.size.pp > 1 ? "p" + (c.pp || 0) + " " : "") + "d" + dp;
+    const sub = culprit ? "CULPRIT" : (cpuOnly ? "cpu" : "g" + slot);
+    g.setAttribute("aria-label", `rank ${rank.rank}` + (culprit ? " (culprit)" : "") +
+      ` on ${rank.node || "?"}${cpuOnly ? "" : " GPU " + slot}`);
+    if (culprit) labels.setAttribute("class", "pm-labels culprit");
     g.appendChild(svg("rect", { x: p.x, y: p.y, width: CELL, height: CELL, rx: 4, fill: tpColour(tpGroup), class: "pm-cell" }));
     g.appendChild(svg("rect", { x: p.x, y: p.y, width: CELL, height: 6, fill: PP_COLOURS[(c.pp || 0) % PP_COLOURS.length], class: "pm-pp" }));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 27, "text-anchor": "middle", class: "pm-rank" }, String(rank.rank)));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 40, "text-anchor": "middle", class: "pm-coord" },
-      (ctx.size.pp > 1 ? "p" + (c.pp || 0) + " " : "") + "d" + dp));
-    g.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle",
-      class: culprit ? "pm-sub pm-culprit-label" : "pm-sub" }, culprit ? "CULPRIT" : (cpuOnly ? "cpu" : "g" + slot)));
+    labels.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 27, "text-anchor": "middle", class: "pm-rank" }, String(rank.rank)));
+    labels.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + 40, "text-anchor": "middle", class: "pm-coord" }, coord));
+    labels.appendChild(svg("text", { x: p.x + CELL / 2, y: p.y + CELL + 11, "text-anchor": "middle",
+      class: culprit ? "pm-sub pm-culprit-label" : "pm-sub" }, sub));
     if (culprit) {
       g.appendChild(svg("rect", { x: p.x - 2.5, y: p.y - 2.5, width: CELL + 5, height: CELL + 5, rx: 6, class: "pm-culprit-ring" }));
     }
@@ -107,7 +136,10 @@ window.MYPlacement = (function () {
       ` · TP group ${tpGroup} · ${rank.node || "?"}${cpuOnly ? "" : " GPU " + slot}` +
       (culprit ? " · CULPRIT" : "") + ` · ${rank.state}`));
     g.addEventListener("click", () => ctx.onSelect && ctx.onSelect(rank.rank));
-    return g;
+    g.addEventListener("keydown", (e) => {
+      if ((e.key === "Enter" || e.key === " ") && ctx.onSelect) { e.preventDefault(); ctx.onSelect(rank.rank); }
+    });
+    return [g, labels];
   }
 
   // ranks: /v1 rank items; nodes: name -> {labels, gpus, topology}; levels finest first.
@@ -132,7 +164,7 @@ window.MYPlacement = (function () {
       groups.get(g).push([name, rs]);
     }
     for (const [g, members] of groups) {
-      const box = el("div", { class: "pm-group", "data-group": g }, el("h4", {}, g));
+      const box = el("div", { class: "pm-group", "data-group": g }, el("h3", {}, g));
       const row = el("div", { class: "pm-nodes" });
       for (const [name, rs] of members) row.appendChild(drawNode(name, rs, nodes.get(name) || {}, ctx));
       box.appendChild(row);

@@ -101,7 +101,6 @@ def test_calibrate_every_level_on_ray_then_the_cost_model_uses_it(
 @pytest.mark.timeout(300)
 def test_a_probe_ray_cannot_place_fails_naming_it_and_cleans_up(
         tmp_path: Path, ray_connected: Cluster) -> None:
-    ray_cluster = ray_connected
     before = set(_live_pgs())
     inv = build_snapshot(ray_nodes=read_ray_nodes(), topology=None)
     # c1 has no GPU: a GPU bundle pinned there can never be reserved.

@@ -73,6 +73,23 @@ def test_placement_timeout_returns_the_job_to_queued_with_the_reason(runtime, st
     assert _pg_gone(job.id)
 
 
+def test_infeasible_job_fails_after_the_placement_timeout_unless_it_waits_for_capacity(
+        runtime, store):
+    never = submit(store, tiny_spec("never-fits", parallelism={"dp_replicate": 8},
+                                    placement={"timeout_s": 2}))
+    patient = submit(store, tiny_spec("autoscaled", parallelism={"dp_replicate": 8},
+                                      placement={"timeout_s": 2, "wait_for_capacity": True}))
+    job = wait_state(store, never, JobState.FAILED, timeout_s=60)
+    assert job.failure_reason == "INFEASIBLE"
+    assert job.message.startswith("the job needs 8 GPUs")
+    assert "placement.wait_for_capacity" in job.message
+    other = store.get_job(patient)
+    assert other.state == JobState.QUEUED and other.pending_reason["kind"] == "infeasible"
+    assert time.time() - other.pending_reason["infeasible_since"] >= 2
+    store.request_cancel(patient, viewer=None)
+    wait_state(store, patient, JobState.CANCELLED)
+
+
 def test_infeasible_job_says_why_and_does_not_block_smaller_ones(runtime, store):
     big = submit(store, tiny_spec("too-big", priority=10, parallelism={"dp_replicate": 8}))
     small = submit(store, tiny_spec("small"))

@@ -23,6 +23,8 @@ from orchestrator.settings import Settings  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 from orchestrator.store import open_store  # noqa: E402
 from orchestrator.store.repo import Store  # noqa: E402
+from orchestrator.watchdog.condition import rank_states  # noqa: E402
+from orchestrator.watchdog.report import DiagnosisReport  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -128,13 +130,54 @@ def test_hang_names_the_rank_that_never_joined_and_fails_the_job(env) -> None:
     assert all("all_reduce" in (e.get("top_of_stack") or "") or e["pgs"] for e in waiting)
 
 
-def test_crash_is_rank_exited(env) -> None:
+def test_crash_is_rank_exited_and_the_job_names_the_rank_that_died(env) -> None:
     _, store = env
     job_id = submit(store, hang_spec("crash", fault={"kind": "crash", "rank": 2, "step": 3}))
-    terminal(store, job_id)
+    job = terminal(store, job_id)
     d = report_of(store, job_id)
     _show("crash", d)
     assert (d.verdict, d.culprit_ranks) == ("RANK_EXITED", [2])
+    # The message leads with the rank that died, not a peer's "Connection reset by peer".
+    assert job.state == JobState.FAILED and job.failure_reason == "WORKER_CRASH"
+    assert job.message.startswith("rank 2 on "), job.message
+    # Its own last output, written just before the process exited, was recovered.
+    lines = [x.line for x in store.list_logs(job_id, rank=2, limit=5000)]
+    assert any("[meshyard fault] crash: rank 2 exits at step 3" in x for x in lines), lines[-5:]
+
+
+def test_observed_hang_opens_a_condition_and_the_timeout_fails_it_naming_the_culprit(env):
+    """watchdog.action observe: the job stays RUNNING but carries "hung since ..." with the
+    ranks' states from the diagnosis; when the collective timeout fails the waiting peers,
+    the job's reason and message come from the diagnosis, naming the culprit."""
+    _, store = env
+    spec = hang_spec("observed", action="observe", fault={"kind": "hang", "rank": 1, "step": 3})
+    spec["fault_tolerance"] = dict(spec["fault_tolerance"], collective_timeout_s=10)
+    job_id = submit(store, spec)
+    job = wait_for(store, job_id, lambda j: j.condition is not None, what="a condition")
+    assert job.state == JobState.RUNNING
+    c = job.condition
+    assert (c["kind"], c["verdict"], c["culprit_ranks"]) == ("hung", "NOT_JOINED", [1])
+    assert c["text"].startswith("hung since ") and "rank 1 never entered all_reduce #" in c["text"]
+    assert job.status == c["text"]
+    found = store.get_diagnosis(job_id, c["diagnosis_id"])
+    states = rank_states(DiagnosisReport.from_dict(found.report))
+    assert states[1].state == "not_joined" and states[1].collective.startswith("all_reduce #")
+    assert states[0].state == states[2].state == "waiting"
+    job = terminal(store, job_id)
+    assert job.state == JobState.FAILED and job.failure_reason == "HANG_DETECTED"
+    assert job.message.startswith("hang detected: Rank 1 "), job.message
+    assert job.condition is None
+
+
+def test_condition_clears_when_progress_resumes(env) -> None:
+    _, store = env
+    job_id = submit(store, hang_spec("resumes", world=2, action="observe", steps=3,
+                                     fault={"kind": "slow", "rank": 0, "step": 2, "seconds": 6}))
+    wait_for(store, job_id, lambda j: j.condition is not None, what="a condition")
+    job = terminal(store, job_id)
+    assert job.state == JobState.SUCCEEDED and job.condition is None
+    resumed = [e for e in store.list_events(job_id) if e.reason == "PROGRESS_RESUMED"]
+    assert resumed and "no longer hung" in resumed[0].message
 
 
 def test_size_mismatch_is_named_although_gloo_aborts(env) -> None:

@@ -95,7 +95,8 @@ def add_training(store: Store, job: JobRecord, attempt: int, *, steps: int,
                  ranks: int = 2) -> None:
     t0 = time.time() - steps
     rows = [{"rank": r, "step": s, "time": t0 + s, "loss": 5.0 * 0.97 ** s + 0.01 * r,
-             "grad_norm": 1.0, "step_time_s": 0.5, "tokens_per_s": 1000.0 + 10 * s}
+             "grad_norm": 1.0 / s, "step_time_s": 0.5, "tokens_per_s": 1000.0 + 10 * s,
+             "lr": 3e-3}
             for s in range(1, steps + 1) for r in range(ranks)]
     store.add_metrics(job.id, attempt, rows)
     store.add_logs(job.id, attempt, [{"rank": r, "stream": "stdout",
@@ -163,3 +164,43 @@ def seed_everything(store: Store, *, owner: str = "admin") -> dict[str, JobRecor
     out["failed"] = store.get_job(hung.id) or hung
     out["xss"] = submit(store, spec_doc(XSS_NAME), owner=owner)
     return out
+
+
+def open_condition(store: Store, job: JobRecord, attempt: int, report: DiagnosisReport, *,
+                   since: float | None = None) -> int:
+    """Stores `report` as the attempt's diagnosis and opens the job's condition from it, the
+    way the poller does; returns the diagnosis id."""
+    from orchestrator.watchdog.condition import JobCondition
+
+    d = store.add_diagnosis(job.id, attempt, verdict=report.verdict.value,
+                            culprit_ranks=list(report.culprit_ranks), summary=report.summary,
+                            report=report.to_dict())
+    current = store.get_job(job.id)
+    condition = JobCondition.from_report(report, diagnosis_id=d.id, attempt=attempt,
+                                         since=since or time.time(),
+                                         step=current.last_step if current else None)
+    store.set_condition(job.id, condition.to_dict())
+    return d.id
+
+
+def add_usage(store: Store, job: JobRecord, attempt: int, *, ranks: int, nodes: list[str],
+              samples: int = 20, gpus_per_node: int = 8, gpu: bool = True) -> None:
+    """Utilisation rows like the controller writes (every 10 s), with NVML GPU fields."""
+    t0 = time.time() - samples * 10
+    rows = [{"rank": r, "node": nodes[r // gpus_per_node], "at": t0 + 10 * i,
+             "cpu_percent": 80.0 + r + (i % 5), "rss_bytes": (1 + r) * 2**30 + i * 2**20,
+             "gpu_util": (50.0 + r) if gpu else None,
+             "gpu_mem_bytes": (10 + r) * 2**30 if gpu else None,
+             "gpu_mem_total_bytes": 80 * 2**30 if gpu else None}
+            for i in range(samples) for r in range(ranks)]
+    store.add_rank_usage(job.id, attempt, rows)
+
+
+def add_node_usage(store: Store, nodes: list[str], *, samples: int = 10,
+                   gpus: int = 8) -> None:
+    t0 = time.time() - samples * 30
+    store.add_node_usage([{"node": n, "at": t0 + 30 * i, "cpu_percent": 20.0 + 5 * (i % 4),
+                           "mem_used_bytes": 300 * 2**30, "mem_total_bytes": 2048 * 2**30,
+                           "gpus": [{"index": g, "util": 40.0 + g, "mem_used_bytes": 20 * 2**30,
+                                     "mem_total_bytes": 80 * 2**30} for g in range(gpus)]}
+                          for i in range(samples) for n in nodes])

@@ -15,23 +15,12 @@ from api.dashboard.session import COOKIE_NAME, csrf_token
 from orchestrator.lifecycle import JobState
 from orchestrator.mesh import MeshShape
 from orchestrator.settings import Settings
-from orchestrator.store.db import make_engine, upgrade_database
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
+from tests.unit.dashboard.conftest import TOKEN
 from tests.unit.dashboard.seed import XSS_NAME, hang_report, seed_everything
 
-TOKEN = "unit-admin-token"
 FORM = {"content-type": "application/x-www-form-urlencoded"}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    url = f"sqlite:///{tmp_path / 'meshyard.db'}"
-    upgrade_database(url)
-    s = Store(make_engine(url))
-    s.ensure_admin(TOKEN)
-    yield s
-    s.close()
 
 
 @pytest.fixture
@@ -94,7 +83,8 @@ def test_token_in_query_string_is_ignored(client: TestClient) -> None:
 def test_every_page_has_csp_and_no_inline_script(client: TestClient,
                                                  jobs: dict[str, JobRecord]) -> None:
     login(client)
-    for path in ("/login", "/", "/cluster", *(f"/jobs/{j.id}" for j in jobs.values())):
+    for path in ("/login", "/", "/cluster", "/submit",
+                 *(f"/jobs/{j.id}" for j in jobs.values())):
         r = client.get(path)
         assert r.status_code == 200, path
         csp = r.headers["content-security-policy"]

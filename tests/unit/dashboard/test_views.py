@@ -99,3 +99,26 @@ def test_ranges_and_holders_compact_a_node() -> None:
            for g in range(4)}
     (view,) = views.node_views([node("a", {})], use)
     assert [(h.job_name, h.gpus, h.ranks) for h in view.holders] == [("x", "0–3", "8–11")]
+
+
+def test_comm_estimate_ignores_nodes_no_job_can_use() -> None:
+    """The usual Ray layout: a CPU-only head without the topology labels next to the GPU
+    nodes. It must not keep the estimate from appearing."""
+    from orchestrator.topology.model import NodeTopology
+    from orchestrator.topology.serialize import node_topology_to_dict
+
+    topo = node_topology_to_dict(NodeTopology.uniform(4, "NV18"))
+    nodes = [node("head", {}, gpus=0), node("g1", {"leaf": "l0"}, gpus=4, topology=topo),
+             node("g2", {"leaf": "l1"}, gpus=4, topology=topo)]
+    j = job("dp", "alice", spec_doc("dp", dp_replicate=4), world=4)
+    ranks = [rank(j.id, r, "g1" if r < 2 else "g2", r % 2) for r in range(4)]
+    comm = views.comm_signature(j, ranks=ranks, nodes=nodes)
+    assert comm is not None and comm.note.startswith("Estimated per step"), comm.note
+    assert comm.rows[0].est_time != ""
+
+
+def test_plan_units_fit_small_models() -> None:
+    assert views.human_gb(0.0004) == "400 KB"
+    assert views.human_gb(0.5) == "500.0 MB"
+    assert views.human_gb(12.25) == "12.2 GB"
+    assert views.human_seconds(5.473e-06) == "5 µs"

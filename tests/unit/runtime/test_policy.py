@@ -18,7 +18,7 @@ RESTART_CASES = [
     (1, 1, 3, None, False, Outcome.RESTART, Reason.WORKER_CRASH),
     (3, 3, 3, None, False, Outcome.RESTART, Reason.WORKER_CRASH),
     (4, 4, 3, None, False, Outcome.FAIL, Reason.MAX_FAILURES),
-    (1, 1, 0, None, False, Outcome.FAIL, Reason.MAX_FAILURES),
+    (1, 1, 0, None, False, Outcome.FAIL, Reason.WORKER_CRASH),  # no restart allowed
     (1, 1, 3, WatchdogAction.FAIL, False, Outcome.FAIL, Reason.WORKER_CRASH),
     (1, 1, 3, WatchdogAction.RESTART, False, Outcome.RESTART, Reason.WORKER_CRASH),
     (2, 2, 3, None, True, Outcome.FINISH_CANCEL, Reason.WORKER_CRASH),

@@ -37,8 +37,9 @@ def test_contract_keys_and_normalisation() -> None:
     assert d["culprit_ranks"] == [5]  # deduplicated, ints
     assert d["confidence"] == 1.0  # clamped
     assert d["summary"].startswith("Rank 5 (node-b GPU 1")
-    assert d["evidence"][0]["pgs"][0] == {"pg": "1", "last_enqueued": 1041,
-                                          "last_completed": 1041, "pending_op": None}
+    assert d["evidence"][0]["pgs"][0] == {"pg": "1", "name": None, "last_enqueued": 1041,
+                                          "last_completed": 1041, "pending_op": None,
+                                          "missing_op": None, "pending": False}
     assert d["mismatches"][0]["actual"] == {"2": "y"} and d["mismatches"][0]["ranks"] == [2]
 
 

@@ -232,3 +232,44 @@ def test_step_start_floor_covers_training_groups_not_background_ones() -> None:
     assert got["floor"] == {default: got["raw"][default]}  # background group left out
     assert got["raw"][default] >= 3
     assert got["clamped"] == got["raw"]  # a floor never claims more than was enqueued
+
+
+class _FakeNvml:
+    """pynvml's names, answering for two GPUs (the GPU fields of a utilisation sample)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if i > 1:
+            raise self.NVMLError("no such GPU")
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
+        return type("U", (), {"gpu": 70 + h})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return type("M", (), {"used": (h + 1) * 2**30, "total": 80 * 2**30})()
+
+
+def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
+    from workers.usage import Nvml, ProcessSampler, node_sample
+
+    nvml = Nvml(module=_FakeNvml())
+    s = ProcessSampler(gpu_index=1, nvml=nvml, min_interval_s=60)
+    first = s.sample()
+    assert first is not None and first["rss_bytes"] > 10 * 2**20
+    assert (first["gpu_util"], first["gpu_mem_bytes"]) == (71.0, 2 * 2**30)
+    assert s.sample() is None  # within the sampling interval
+    assert nvml.gpu(5) is None  # an error is a missing field, never an exception
+    node = node_sample("n1", nvml_module=_FakeNvml(), cpu_window_s=0.01)
+    assert [g["util"] for g in node["gpus"]] == [70.0, 71.0]
+    assert node["mem_total_bytes"] > node["mem_used_bytes"] > 0
+    cpu_only = ProcessSampler(gpu_index=None, min_interval_s=0).sample()
+    assert cpu_only is not None and cpu_only["gpu_util"] is None
