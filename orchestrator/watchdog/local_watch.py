@@ -50,6 +50,7 @@ ANSWER_S = 10.0
 GRACE_S = 5.0
 HANG_EXIT = 3
 _CLEAN = "exit code 0"
+_KILLED = "its process ended without a clean exit"
 _AUTOPROBE = Path(__file__).resolve().parents[2] / "meshyard" / "_autoprobe"
 
 
@@ -252,7 +253,7 @@ def _exits(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
     for r, prog in progress.items():
         ex = prog.get("exited") if isinstance(prog.get("exited"), Mapping) else None
         if ex is None:
-            why[r] = "its process ended without a clean exit (killed by a signal?)"
+            why[r] = f"{_KILLED} (killed by a signal?)"
         elif ex.get("error"):
             why[r] = f"exited with an error: {ex['error']}"
         else:
@@ -261,11 +262,16 @@ def _exits(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
 
 
 def _blame(why: Mapping[int, str]) -> dict[int, str]:
-    """The ended ranks to name. When some left cleanly (exit 0) and others failed, the clean
-    ones are the cause: a rank whose peer is gone fails its next collective ("Connection
-    closed by peer"); it does not exit cleanly."""
+    """The ended ranks to name. A rank whose peer is gone fails its next collective with an
+    error ("Connection closed by peer"): it neither exits cleanly nor dies of a signal. So
+    when some ranks left cleanly (exit 0) and others did not, the clean ones are named;
+    else when some died without a clean exit (a signal: gloo's abort on a size mismatch, the
+    OOM killer) and others raised, the dead ones are."""
     clean = {r: w for r, w in why.items() if w.startswith(_CLEAN)}
-    return clean if clean and len(clean) < len(why) else dict(why)
+    if clean and len(clean) < len(why):
+        return clean
+    killed = {r: w for r, w in why.items() if w.startswith(_KILLED)}
+    return killed if killed and len(killed) < len(why) else dict(why)
 
 
 def _tee(src: IO[bytes] | None, log: IO[bytes]) -> None:

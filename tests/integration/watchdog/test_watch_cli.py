@@ -58,6 +58,24 @@ def test_watch_names_the_rank_that_returned_early(tmp_path):
     assert report["verdict"] == "RANK_EXITED" and 1 in report["culprit_ranks"]
 
 
+@pytest.mark.parametrize("scenario,verdicts,culprits", [
+    ("p2p", {"P2P_MISMATCH"}, [0]),
+    ("non_collective", {"NON_COLLECTIVE_HANG"}, [0, 1]),
+    # gloo aborts the receiving rank 0 (SIGABRT); rank 1 then raises "Connection reset".
+    ("mismatch", {"RANK_EXITED", "COLLECTIVE_MISMATCH"}, [0]),
+])
+def test_watch_scenarios(tmp_path, scenario, verdicts, culprits):
+    out = tmp_path / "ev"
+    res, took = _watch(out, scenario, "1" if scenario == "mismatch" else "0")
+    report = json.loads((out / "report.json").read_text())
+    print(f"\n[watch] {scenario}: {report['verdict']} {report['culprit_ranks']} in {took:.1f} s"
+          f" | {report['summary']}")
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert report["verdict"] in verdicts and report["culprit_ranks"] == culprits
+    if scenario != "mismatch":
+        assert "hangs.py:" in report["summary"] or "hangs.py:" in str(report["evidence"])
+
+
 def test_watch_passes_a_healthy_job_through(tmp_path):
     out = tmp_path / "ev"
     res, _ = _watch(out, "healthy", "0", "--steps", "30")
