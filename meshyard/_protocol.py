@@ -10,6 +10,8 @@ Environment (set by the worker, read by the runner and `meshyard.train`):
     MESHYARD_INIT_TIMEOUT_S   process-group init timeout (function entrypoints)
     MESHYARD_PARENT_PID       the worker actor's pid (the rank dies with it)
     MESHYARD_FUNCTION_CONFIG  file holding the function's `config` as JSON
+    MESHYARD_PROBE_DIR        where the hang watchdog's probe in the rank writes its progress
+                              and answers evidence requests (meshyard/_probe.py)
 
 Records (one JSON object per line in MESHYARD_REPORT_FILE):
 
@@ -37,6 +39,7 @@ PARENT_PID = "MESHYARD_PARENT_PID"
 FUNCTION_CONFIG = "MESHYARD_FUNCTION_CONFIG"
 JOB_ID = "MESHYARD_JOB_ID"
 ATTEMPT = "MESHYARD_ATTEMPT"
+PROBE_DIR = "MESHYARD_PROBE_DIR"
 
 MARKER = "COMPLETE"
 MAX_RECORD_CHARS = 64 * 1024

@@ -10,7 +10,9 @@
 Before the user's code runs, the runner (1) asks the kernel to kill this process when the
 worker actor that started it dies (PR_SET_PDEATHSIG, so a killed actor leaves no rank behind)
 and (2) calls `_before_user_code()`, the one place where meshyard loads what it runs inside
-every rank (today the reporting channel is opened lazily by `meshyard.train`). It imports
+every rank: the hang watchdog's probe (meshyard/_probe.py, a side thread; not for `exec`,
+whose program replaces this process) when MESHYARD_PROBE_DIR is set. The reporting channel
+is opened lazily by `meshyard.train`. It imports
 nothing of meshyard's control plane, so user packages named `api`, `workers` or
 `orchestrator` import as the user's own.
 
@@ -59,9 +61,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _before_user_code() -> None:
-    """Runs in every rank process before the user's code (the probe's hook)."""
+def _before_user_code(mode: str = "script") -> None:
+    """Runs in every rank process before the user's code."""
     _die_with_parent()
+    if mode != "exec":
+        from meshyard import _probe
+
+        _probe.start()
 
 
 def _record(kind: str, **fields: Any) -> None:
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    _before_user_code()
+    _before_user_code(args[0])
     try:
         _run(args[0], args[1:])
     except SystemExit as exc:

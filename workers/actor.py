@@ -272,18 +272,15 @@ class WorkerActor:
         from workers.evidence import collect_evidence, thread_stack_map
 
         out: dict[str, Any] = {"rank": self._buf.rank, "pid": os.getpid(),
-                               "heartbeat": self._buf.heartbeat, "state": self._state,
-                               "stacks": thread_stack_map()}
-        if (request or {}).get("kind") == "stacks":
-            return out
+                               "heartbeat": self._buf.heartbeat, "state": self._state}
         # After a failed run the Flight Recorder still holds what this rank ran (evidence for
         # the hang watchdog when a peer aborted it); the assignment says where to write.
         a = self._assignment or self._last_assignment
         hb, req = self._buf.heartbeat or {}, dict(request or {})
         if a is not None and a.spec.entrypoint is not None:
-            # User code: its threads and torch state live in the rank process (the heartbeat
-            # names its pid), not in this actor, whose own stacks would mislead.
-            out.pop("stacks")
+            return self._user_diagnostics(a, out, req)
+        out["stacks"] = thread_stack_map()
+        if req.get("kind") == "stacks":
             return out
         if a is None:
             return out  # not running a job: nothing to collect
@@ -294,6 +291,28 @@ class WorkerActor:
                 log_paths=tuple(str(a.log_path(s)) for s in ("stdout", "stderr"))))
         except Exception as exc:  # noqa: BLE001 - diagnostics never raise
             out["evidence_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+    def _user_diagnostics(self, a: RankAssignment, out: dict[str, Any],
+                          req: dict[str, Any]) -> dict[str, Any]:
+        """User code: its threads and torch state live in the rank process, not in this
+        actor, whose own stacks would mislead; the probe inside that process answers."""
+        if self._state != WorkerState.RUNNING:
+            return out
+        from workers.usercode import rank_evidence
+
+        try:
+            ev = rank_evidence(a, request=req, heartbeat=self._buf.heartbeat)
+        except Exception as exc:  # noqa: BLE001 - diagnostics never raise
+            out["evidence_error"] = f"{type(exc).__name__}: {exc}"
+            return out
+        if ev is None:
+            out["evidence_error"] = "the rank process's probe did not answer"
+            return out
+        out["stacks"] = dict(ev.get("stacks") or {})
+        if req.get("kind") != "stacks":
+            ev.pop("stacks", None)
+            out["evidence"] = _jsonable(ev)
         return out
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from meshyard._frames import c10d_frame, group_id, pending_op, tensor_meta
 from orchestrator.watchdog.evidence_files import (
     rank_dir,
     read_announcement,
@@ -43,21 +44,9 @@ from orchestrator.watchdog.evidence_files import (
     write_announcement,
     write_json,
 )
-from orchestrator.watchdog.flight_recorder import parse_dump
+from orchestrator.watchdog.flight_recorder import parse_dump, trim_dump
 from orchestrator.watchdog.logs import parse_lines
 
-_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
-_SCHEDULES_FILE = os.path.join("torch", "distributed", "pipelining", "schedules.py")
-_P2P_OPS = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
-_GROUP_PEER = {"send": "group_dst", "recv": "group_src", "isend": "group_dst",
-               "irecv": "group_src"}
-_COLLECTIVE_OPS = {
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
-    "scatter", "monitored_barrier", "all_gather_object", "broadcast_object_list",
-    "_all_gather_base", "_reduce_scatter_base",
-}
-_MAX_SUMMARY_ENTRIES = 500
 _training_thread: int | None = None
 _TORCH: Any = None
 
@@ -116,139 +105,13 @@ def _dump_file_bytes() -> bytes | None:
         return None
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, str | int | float | bool) or v is None:
-        return v
-    return str(v)
-
-
-def _trim_dump(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Keep the newest entries with their top frames: the summary travels over Ray."""
-    out = {k: v for k, v in raw.items() if k != "entries"}
-    entries = _this_job(list(raw.get("entries") or ()))
-    # pg_status is keyed by an internal uid, entries by group name; they agree only in a fresh
-    # process. Re-key through this job's entries and drop statuses of groups no entry names.
-    names = {str(e.get("pg_id")): str((e.get("process_group") or ("",))[0]) for e in entries
-             if isinstance(e, Mapping) and e.get("pg_id") is not None}
-    out["pg_status"] = {names[uid]: st for uid, st in (raw.get("pg_status") or {}).items()
-                        if str(uid) in names}
-    entries = entries[-_MAX_SUMMARY_ENTRIES:]
-    out["entries"] = [{**e, "frames": list(e.get("frames") or ())[:4]} for e in entries]
-    return _jsonable(out)
-
-
-def _this_job(entries: list[Any]) -> list[Any]:
-    """Entries since the current default group began. The recorder is per process and has no
-    reset: a reused (warm-pool) worker still holds the previous job's entries, whose group
-    ids and seqs ("0", 1, 2, ...) collide with this job's. Seq 1 on the default group marks
-    the start of a job; anything recorded before the newest one belongs to an older group."""
-    start = 0
-    for i, e in enumerate(entries):
-        pg = e.get("process_group") if isinstance(e, Mapping) else None
-        if pg and str(pg[0]) == "0" and e.get("collective_seq_id") == 1:
-            start = i
-    return entries[start:]
-
-
 def _target_thread(frames: Mapping[int, FrameType]) -> int:
     if _training_thread in frames:
         return _training_thread  # type: ignore[return-value]
     for ident, frame in frames.items():
-        if ident != threading.get_ident() and _c10d_frame(frame) is not None:
+        if ident != threading.get_ident() and c10d_frame(frame) is not None:
             return ident
     return threading.main_thread().ident or next(iter(frames))
-
-
-def _c10d_frame(frame: FrameType | None) -> FrameType | None:
-    """Outermost torch.distributed API frame (all_reduce, recv, ...) on a thread's stack."""
-    found = None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename.endswith(_C10D_FILE) and (
-                code.co_name in _COLLECTIVE_OPS or code.co_name in _P2P_OPS):
-            found = frame
-        frame = frame.f_back
-    return found
-
-
-def _group_id(group: Any) -> str:
-    if group is None:
-        return "0"
-    return str(getattr(group, "group_name", None) or "0")
-
-
-def _tensor_meta(t: Any) -> tuple[list[list[int]], list[str]]:
-    if t is None:
-        return [], []
-    tensors = t if isinstance(t, list | tuple) else [t]
-    sizes, dtypes = [], []
-    for x in tensors:
-        if hasattr(x, "shape") and hasattr(x, "dtype"):
-            sizes.append([int(s) for s in x.shape])
-            dtypes.append(str(x.dtype))
-    return sizes, dtypes
-
-
-def _schedule_p2p(frame: FrameType | None) -> dict[str, Any] | None:
-    """A pipeline schedule blocked waiting on its batched send/recv works: the P2POps named
-    on the schedule's current line (`_wait_batch_p2p(_batch_p2p(fwd_recvs, ...))`). The wait
-    itself is in Work.wait, below any torch.distributed API frame, so only the schedule's
-    locals say what it waits for."""
-    import linecache
-
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename.endswith(_SCHEDULES_FILE):
-            line = linecache.getline(code.co_filename, frame.f_lineno)
-            if "p2p" in line or "wait" in line:
-                for name, value in frame.f_locals.items():
-                    if name in line and isinstance(value, list | tuple) and value and all(
-                            type(v).__name__ == "P2POp" for v in value):
-                        return _p2p_op_dict(value[0])
-        frame = frame.f_back
-    return None
-
-
-def _p2p_op_dict(p2p: Any) -> dict[str, Any]:
-    fn = getattr(getattr(p2p, "op", None), "__name__", "p2p")
-    op = "recv" if "recv" in fn else "send" if "send" in fn else fn
-    sizes, dtypes = _tensor_meta(getattr(p2p, "tensor", None))
-    peer = getattr(p2p, "peer", None)
-    return {"op": op, "pg": _group_id(getattr(p2p, "group", None)), "seq": None,
-            "is_p2p": True, "peer": int(peer) if peer is not None else None, "sizes": sizes,
-            "dtypes": dtypes, "source": "stack"}
-
-
-def pending_op(frame: FrameType | None) -> dict[str, Any] | None:
-    """The torch.distributed call a thread is blocked in, from the frame's locals."""
-    f = _c10d_frame(frame)
-    if f is None:
-        return _schedule_p2p(frame)
-    name = f.f_code.co_name
-    loc = dict(f.f_locals)
-    tensor = loc.get("tensor", loc.get("tensor_list", loc.get("output_tensor")))
-    sizes, dtypes = _tensor_meta(tensor)
-    op: dict[str, Any] = {"op": name, "pg": _group_id(loc.get("group")), "seq": None,
-                          "is_p2p": name in _P2P_OPS, "peer": None, "sizes": sizes,
-                          "dtypes": dtypes, "source": "stack"}
-    if name in _P2P_OPS:
-        peer = loc.get(_P2P_OPS[name])
-        if peer is None and loc.get(_GROUP_PEER[name]) is not None:
-            peer = _global_rank(loc.get("group"), loc[_GROUP_PEER[name]])
-        op["peer"] = int(peer) if peer is not None else None
-    return op
-
-
-def _global_rank(group: Any, group_rank: int) -> int | None:
-    try:
-        dist = _torch().distributed
-        return int(dist.get_global_rank(group, group_rank)) if group is not None else group_rank
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
@@ -385,7 +248,7 @@ def _collect_fr(out_dir: Path, summary: dict[str, Any], stack_traces: bool) -> N
     (out_dir / "fr_trace.pkl").write_bytes(data)
     summary["artifacts"].append(str(out_dir / "fr_trace.pkl"))
     raw = pickle.loads(data)  # noqa: S301 - bytes produced by torch in this process
-    summary["fr_dump"] = _trim_dump(raw) if isinstance(raw, Mapping) else None
+    summary["fr_dump"] = trim_dump(raw) if isinstance(raw, Mapping) else None
 
 
 def _collect_stacks(out_dir: Path, summary: dict[str, Any]) -> None:
@@ -431,8 +294,8 @@ def announce_collective(run_dir: str | os.PathLike[str], rank: int, *, op: str,
     the entries (gloo's pg_status counts send/recv too), so it aligns with the other ranks'
     dump entries. Written atomically; a later call replaces it.
     """
-    sizes, dtypes = _tensor_meta(tensor)
-    pg = _group_id(group)
+    sizes, dtypes = tensor_meta(tensor)
+    pg = group_id(group)
     seq = None
     try:
         torch = _torch()
@@ -471,7 +334,7 @@ def announce_step_collective(op: str, tensor: Any) -> None:
         backend = pg._get_backend(tensor.device)
         last = int(backend._get_sequence_number_for_group())
         gloo = "gloo" in str(pg._get_backend_name()).lower()
-        sizes, dtypes = _tensor_meta(tensor)
+        sizes, dtypes = tensor_meta(tensor)
         ann = {"op": op, "pg": "0", "seq": None if gloo else last + 1,
                "op_id": last + 1 if gloo else None, "is_p2p": False, "peer": None,
                "sizes": sizes, "dtypes": dtypes, "source": "announce", "time_s": time.time()}

@@ -70,7 +70,8 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             os.kill(p, sig)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """A live process (a zombie counts as gone)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
@@ -87,7 +88,7 @@ def _reap(pids: Iterable[int], *, timeout_s: float = 2.0) -> None:
         for p in list(todo):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(p, os.WNOHANG)
-            if not _alive(p):
+            if not alive(p):
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(p, os.WNOHANG)
                 todo.discard(p)

@@ -76,10 +76,11 @@ def _pythonpath(code_dir: str, *, user: str | None, inherited: str | None,
 
 def rank_env(a: RankAssignment, *, base: Mapping[str, str], code_dir: str, report_file: str,
              debug: Mapping[str, str], parent_pid: int, function_config: str | None = None,
-             runtime_root: str | None = None) -> dict[str, str]:
+             runtime_root: str | None = None, probe_dir: str | None = None) -> dict[str, str]:
     """The whole environment of rank `a.rank`'s process. `base` is the worker's environment
     (only its allowlisted names are kept), `debug` the NCCL / Flight Recorder variables,
-    `runtime_root` the directory Ray's working_dir put first on the worker's PYTHONPATH."""
+    `runtime_root` the directory Ray's working_dir put first on the worker's PYTHONPATH,
+    `probe_dir` where the rank's probe (meshyard/_probe.py) meets the watchdog."""
     spec, d = a.spec, a.dist
     ep = spec.entrypoint
     assert ep is not None
@@ -109,6 +110,8 @@ def rank_env(a: RankAssignment, *, base: Mapping[str, str], code_dir: str, repor
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in a.local_gpus)
     if function_config is not None:
         env[proto.FUNCTION_CONFIG] = function_config
+    if probe_dir is not None:
+        env[proto.PROBE_DIR] = probe_dir
     user = dict(ep.env)
     env["PYTHONPATH"] = _pythonpath(code_dir, user=user.pop("PYTHONPATH", None),
                                     inherited=base.get("PYTHONPATH"), drop=runtime_root)

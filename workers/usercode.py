@@ -7,16 +7,22 @@
 2. the rank's argv and environment (workers/user_env.py) and one process
    (workers/rankproc.py) in that directory;
 3. while it runs: the records it appends to its report file (meshyard.train.report) become
-   metrics rows, a heartbeat names its pid and last reported step, a stop request ends the
-   whole process tree (SIGTERM, then SIGKILL);
+   metrics rows, a heartbeat names its pid, last reported step and the collective seqs the
+   probe inside the process (meshyard/_probe.py) last sampled, a stop request ends the whole
+   process tree (SIGTERM, then SIGKILL);
 4. its exit becomes the RankResult: the runner's error record (exception type, message,
    traceback, whether the code could not even load) or the exit code / signal.
+
+`rank_evidence(a, ...)` is the hang watchdog's diagnostics for such a rank: it asks the
+probe for its evidence (stacks, Flight Recorder dump, the user's frame) and returns the
+analyzer's per-rank summary (orchestrator/watchdog/probe_files.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,14 +33,18 @@ from typing import Any, Protocol
 
 from orchestrator.limits import MAX_STEPS
 from orchestrator.packages import CODE_DIR
+from orchestrator.watchdog import probe_files
+from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
 from workers.assignment import RankAssignment, RankResult, WorkerState
 from workers.env import debug_env
 from workers.logcapture import LineTail, private_opener
-from workers.rankproc import RankProcess
+from workers.rankproc import RankProcess, alive
 from workers.user_env import rank_argv, rank_env
 
 STOP_GRACE_S = 3.0
 _TICK_S = 0.2
+PROBE_SUBDIR = "probe"
+PROBE_ANSWER_S = 10.0  # the first Flight Recorder dump of a process can take seconds
 
 
 class Sink(Protocol):
@@ -110,12 +120,32 @@ def _outcome(a: RankAssignment, rc: int, *, seen: _Seen, stopped: bool,
         except ValueError:
             what = f"the rank process was killed by signal {-rc}"
         kind = "Signal"
+        last = last_error_line(a.log_path("stderr"))
+        if last:
+            what += f" after: {last}"  # gloo's abort says why ("100 vs 16 ... mismatch")
     else:
         what, kind = "the rank process exited", "ExitCode"
     message = str(err.get("message") or what)
     return RankResult(state=WorkerState.ERROR, error_type=str(err.get("type") or kind),
                       message=message, traceback=str(err.get("traceback") or ""),
                       setup_error=bool(err.get("setup")), **common)
+
+
+_ERROR_LINE = re.compile(r"what\(\):|Error|error:|terminate called")
+
+
+def last_error_line(path: Path, *, max_bytes: int = 16 * 1024) -> str | None:
+    """The last line of a log's tail that reads like an error (a C++ abort's `what():`)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [ln.strip() for ln in lines if _ERROR_LINE.search(ln)]
+    what = [ln for ln in hits if "what():" in ln]
+    return ((what or hits or [None])[-1] or "")[:500] or None
 
 
 def _setup_failure(a: RankAssignment, message: str) -> RankResult:
@@ -144,9 +174,13 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
         config = a.log_path("config.json")
         with open(config, "w", opener=private_opener) as f:
             json.dump(ep.config, f)
+    probe_dir = probe_path(a)
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    probe_files.request_path(probe_dir, a.rank).unlink(missing_ok=True)
     env = rank_env(a, base=os.environ, code_dir=str(where), report_file=str(report),
                    debug=debug_env(a.spec, run_dir=a.run_dir), parent_pid=os.getpid(),
-                   function_config=str(config) if config else None, runtime_root=actor_cwd)
+                   function_config=str(config) if config else None, runtime_root=actor_cwd,
+                   probe_dir=str(probe_dir))
     for sub in ("nccl", "flight_recorder", "checkpoints"):
         (Path(a.run_dir) / sub).mkdir(parents=True, exist_ok=True)
     tail, seen = LineTail(report), _Seen()
@@ -155,8 +189,10 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
         on_start(proc)
     stopped = False
     while True:
+        marks = (probe_files.read_progress(probe_dir, a.rank) or {}).get("collectives") or {}
         sink.heartbeat = {"rank": a.rank, "step": seen.step or 0, "phase": "user",
-                          "time": time.time(), "phase_since": t0, "collectives": {},
+                          "time": time.time(), "phase_since": t0, "collectives": marks,
+                          "collective_count": probe_files.collective_count(marks),
                           "pid": proc.pid}
         rc = proc.wait(_TICK_S)
         _consume(tail.read(final=rc is not None), a=a, sink=sink, seen=seen)
@@ -167,3 +203,30 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
             proc.terminate(grace_s=STOP_GRACE_S)
     proc.kill_tree()  # whatever the rank left running (daemons, re-parented grandchildren)
     return _outcome(a, rc, seen=seen, stopped=stopped, seconds=time.time() - t0)
+
+
+def probe_path(a: RankAssignment) -> Path:
+    return Path(a.run_dir).resolve() / PROBE_SUBDIR
+
+
+def rank_evidence(a: RankAssignment, *, request: dict[str, Any],
+                  heartbeat: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The analyzer's summary of rank `a.rank`, from its probe (None when the process did
+    not answer within PROBE_ANSWER_S: it died, or it never reached the runner)."""
+    hb = heartbeat or {}
+    stamp = str(request.get("stamp") or stamp_now())
+    out = rank_dir(a.run_dir, stamp=stamp, rank=a.rank)
+    request_id = f"{stamp}-{time.monotonic_ns()}"
+    probe_files.ask(probe_path(a), a.rank, out=out, request_id=request_id)
+    pid = hb.get("pid")
+    info = probe_files.await_answer(
+        out, request_id=request_id, timeout_s=PROBE_ANSWER_S,
+        alive=(lambda: alive(int(pid))) if isinstance(pid, int) else None)
+    if info is None:
+        return None
+    logs = [str(a.log_path("stderr"))]
+    pid = info.get("pid")
+    if pid:
+        logs.insert(0, str(Path(a.run_dir) / "nccl" / f"{os.uname().nodename}.{pid}.log"))
+    step = hb.get("step") if isinstance(hb.get("step"), int) and hb["step"] > 0 else None
+    return probe_files.rank_summary(info, rank=a.rank, out=out, step=step, log_paths=logs)

@@ -11,6 +11,7 @@ from api.cli import (  # noqa: F401  (each import registers its commands)
     spec_cmds,
     token_cmds,
     topo_cmds,
+    watch_cmds,
 )
 from api.cli.app import app
 

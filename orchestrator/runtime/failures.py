@@ -148,12 +148,16 @@ def attempt_failed(failures: Iterable[RankFailure],
     >>> f.message
     'hang detected: Rank 1 never entered all_reduce #15. Then rank 0 on ?: RuntimeError: timeout'
     """
+    failures = list(failures)
     culprits = cause.culprit_ranks if cause is not None else ()
     groups = tuple(group_failures(cause_first(failures, culprits)))
     if cause is None or cause.verdict is Verdict.STRAGGLER:
         return AttemptFailed(Reason.WORKER_CRASH, summarise(list(groups)), groups)
+    then = f" Then {summarise(list(groups))}" if groups else ""
     if cause.verdict is Verdict.RANK_EXITED:
+        if culprits and not set(culprits) & {f.rank for f in failures}:
+            # The culprit ended "cleanly" (exit 0) and its peers failed of it: it leads.
+            return AttemptFailed(Reason.WORKER_CRASH, f"{cause.summary}{then}", groups)
         return AttemptFailed(Reason.WORKER_CRASH, summarise(list(groups)) or cause.summary,
                              groups)
-    then = f" Then {summarise(list(groups))}" if groups else ""
     return AttemptFailed(Reason.HANG_DETECTED, f"hang detected: {cause.summary}{then}", groups)

@@ -48,13 +48,16 @@ _unseen_tail = ray.remote(num_cpus=0, max_retries=0)(unseen_tail)
 class Drained:
     """One tick's poll of every live worker: metrics rows, log lines, per-rank updates
     (RankStatus fields: state, step, phase, last_heartbeat, pid), utilisation samples (at
-    most one per rank per `usage_interval_s`) and rank 0's completed checkpoints."""
+    most one per rank per `usage_interval_s`), rank 0's completed checkpoints, and per rank of
+    a user-code job the count of collectives its probe last saw enqueued (its progress when
+    it reports no step)."""
 
     metrics: tuple[dict[str, Any], ...] = ()
     logs: tuple[dict[str, Any], ...] = ()
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     usage: tuple[dict[str, Any], ...] = ()
     checkpoints: tuple[dict[str, Any], ...] = ()
+    collectives: dict[int, int] = field(default_factory=dict)
 
 
 def _death_message(exc: BaseException) -> str:
@@ -217,6 +220,7 @@ class WorkerGang:
         ranks: dict[int, dict[str, Any]] = {}
         usage: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
+        collectives: dict[int, int] = {}
         for r, ref in refs.items():
             try:
                 p: WorkerPoll = ray.get(ref, timeout=_POLL_TIMEOUT_S)
@@ -233,6 +237,8 @@ class WorkerGang:
             hb = p.heartbeat
             if hb:
                 self._beating[r] = int(hb.get("pid") or 0)
+                if isinstance(hb.get("collective_count"), int):
+                    collectives[r] = int(hb["collective_count"])
                 upd.update(step=hb.get("step"), phase=hb.get("phase"),
                            last_heartbeat=hb.get("time"), pid=hb.get("pid"))
             elif r in self._last_step:
@@ -244,7 +250,8 @@ class WorkerGang:
         logs.extend(self._dead_ranks_output())
         self._remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
-                       usage=tuple(usage), checkpoints=tuple(checkpoints))
+                       usage=tuple(usage), checkpoints=tuple(checkpoints),
+                       collectives=collectives)
 
     def _keep_usage(self, rank: int, at: float) -> bool:
         if at - self._usage_at.get(rank, 0.0) < self._usage_every_s:
@@ -282,6 +289,10 @@ class WorkerGang:
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
+
+    def finished(self) -> dict[int, RankResult]:
+        """Ranks whose process ended with exit code 0 (their run completed)."""
+        return {r: res for r, res in self._results.items() if not res.failed}
 
     def all_beating(self) -> bool:
         """Every rank has sent a heartbeat (user code: every rank's process runs)."""

@@ -36,6 +36,7 @@ from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
 _PROBE_STAMP = "straggler-probe"
+_ENDING_S = 3.0
 
 
 class AttemptWatchdog:
@@ -51,9 +52,8 @@ class AttemptWatchdog:
         # The newest hang (or exit) report of this attempt while no progress followed it:
         # an attempt that then fails takes its reason and message from it.
         self.open_report: DiagnosisReport | None = None
-        # User code is watched from its first report on (a script that never reports has no
-        # step to stall on), and gets no straggler probes: its Flight Recorder lives in the
-        # rank process, not in the worker actor the probe asks.
+        # User code progresses by its reported steps, else by the collectives the probe in
+        # each rank process samples; the probe answers the diagnostics of its worker actor.
         self._user_code = cfg.spec.entrypoint is not None
 
     # -- controller hooks -------------------------------------------------------------------
@@ -62,15 +62,14 @@ class AttemptWatchdog:
         when the spec's action is restart or fail."""
         try:
             now = self._clock()
-            self.monitor.observe(now_s=now, metrics=drained.metrics, ranks=drained.ranks)
+            self.monitor.observe(now_s=now, metrics=drained.metrics, ranks=drained.ranks,
+                                 collectives=drained.collectives)
             if not self.monitor.reported:
                 self.open_report = None  # progress resumed: that hang is over
-            if self._user_code and not gang.last_steps():
-                return None
             due = self.monitor.due(now)
             if due is not None:
                 return self._stall_round(gang, due)
-            if not self._user_code and self.monitor.probe_due(now):
+            if self.monitor.probe_due(now):
                 self._probe(gang)
         except Exception as exc:  # noqa: BLE001 - the watchdog never takes the attempt down
             self._error(exc)
@@ -85,9 +84,19 @@ class AttemptWatchdog:
             died = {f.rank: f.message or "process died" for f in failures if f.died}
             failed = {f.rank: f for f in failures}
             running = [r for r in gang.ranks if r not in failed]
-            if not died and not any(r in gang.last_steps() for r in running):
+            # User code that loaded and ran (not a setup error) is diagnosed even before its
+            # first sampled collective: gloo aborts a size mismatch within a step.
+            progressed = any(r in gang.last_steps() for r in running) or (
+                self._user_code and (self.monitor.has_progress()
+                                     or not all(f.setup_error for f in failures)))
+            if not died and not progressed:
                 return  # a setup error on every rank is a failure, not a hang
-            if died:
+            early = _finished_early(gang, failed)
+            if early:
+                # A rank that returned (exit 0) while its peers still ran: the peers' errors
+                # (gloo: "Connection closed by peer") are its fallout, not the cause.
+                dead, times = early
+            elif died:
                 dead = died
                 times = {r: failed[r].time for r in died}
             else:
@@ -105,6 +114,8 @@ class AttemptWatchdog:
     # -- rounds -----------------------------------------------------------------------------
     def _stall_round(self, gang: WorkerGang, due: Due) -> Failed | None:
         detected = time.time()
+        if self._ending(gang):
+            return None  # the last ranks are leaving: the end of a job, not a hang
         report = self._round(gang, trigger="stall", context=due.describe())
         self.monitor.mark_reported()
         if report.verdict is not Verdict.STRAGGLER:
@@ -113,6 +124,18 @@ class AttemptWatchdog:
         nodes = {r: info.node for r, info in gang.ranks.items()}
         act = self.monitor.decide(report, rank_nodes=nodes)
         return None if act.kind == WatchdogAction.OBSERVE else _ended_by(act)
+
+    def _ending(self, gang: WorkerGang) -> bool:
+        """Some ranks completed and none failed: wait (bounded) for the others, which may
+        still be tearing down (destroy_process_group, interpreter exit). True when every
+        rank then completed."""
+        gang.wait(timeout_s=0.2)
+        if not gang.finished() or gang.failures():
+            return False
+        deadline = time.monotonic() + _ENDING_S
+        while not gang.all_done() and not gang.failures() and time.monotonic() < deadline:
+            gang.wait(timeout_s=0.2)
+        return gang.all_done()
 
     def _probe(self, gang: WorkerGang) -> None:
         report = self._round(gang, trigger="straggler", stamp=_PROBE_STAMP,
@@ -126,6 +149,17 @@ class AttemptWatchdog:
         stamp = stamp or f"{stamp_now()}-{next(self._rounds)}"
         replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
         dead = dict(dead or {})
+        if trigger != "straggler" and not dead:
+            # Ranks that ended before or while this round ran (a stall's cause can be a rank
+            # that returned early; its peers then fail of it) are dead, not silent.
+            gang.wait(timeout_s=0.2)
+            failed = {f.rank: f for f in gang.failures()}
+            early = _finished_early(gang, failed)
+            if early:
+                dead, exit_times = early
+            elif failed:
+                dead = {r: f"{f.error_type}: {f.message[:300]}" for r, f in failed.items()}
+                exit_times = {r: f.time for r, f in failed.items()}
         summaries: dict[int, dict[str, Any]] = {}
         for r, reply in replies.items():
             s = _summary(r, reply)
@@ -188,6 +222,19 @@ def _summary(rank: int, reply: Any) -> dict[str, Any] | None:
     stacks = reply.get("stacks") or {}
     return {"rank": rank, "step": hb.get("step"), "phase": hb.get("phase"),
             "main_stack": "\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()) or None}
+
+
+_EXITED_0 = "exit code 0 while its peers were still running"
+
+
+def _finished_early(gang: WorkerGang, failed: Mapping[int, RankFailure]
+                    ) -> tuple[dict[int, str], dict[int, float]] | None:
+    """Ranks that completed (exit 0) while others failed, with their end times (a rank whose
+    peer is gone errors out of its next collective; it does not exit 0)."""
+    done = {r: res for r, res in gang.finished().items() if r not in failed}
+    if not done:
+        return None
+    return {r: _EXITED_0 for r in done}, {r: float(res.time or 0.0) for r, res in done.items()}
 
 
 def _with_exit_times(report: DiagnosisReport, times: Mapping[int, float]) -> DiagnosisReport:

@@ -75,7 +75,7 @@ def analyze(inp: AnalysisInput, *, straggler_policy: StragglerPolicy | None = No
         finding = _classify(ctx, straggler_policy or StragglerPolicy())
         return DiagnosisReport(
             verdict=finding.verdict, culprit_ranks=finding.culprits,
-            confidence=finding.confidence, summary=finding.summary,
+            confidence=finding.confidence, summary=finding.summary + _user_lines(ctx, finding),
             evidence=_rank_reports(ctx), mismatches=finding.mismatches,
             suspect_hardware=finding.hardware,
             recommendations=advice.recommendations(finding.verdict),
@@ -307,6 +307,19 @@ def _non_collective_finding(ctx: _Ctx) -> _Finding:
                f"torch.distributed, {n} of them at {top}.")
     return _Finding(Verdict.NON_COLLECTIVE_HANG, tuple(alive), 0.7 * ctx.coverage, summary,
                     details={"top_frames": dict(tops.most_common(5))})
+
+
+def _user_lines(ctx: _Ctx, finding: _Finding) -> str:
+    """Where in the user's own code the culprits are (user-code jobs; up to three ranks):
+    ' Rank 3 is at train.py:212 in save_checkpoint(): time.sleep(600).'."""
+    if finding.verdict is Verdict.NON_COLLECTIVE_HANG:
+        return ""  # its summary already names the common frame
+    parts = []
+    for r in finding.culprits[:3]:
+        ev = ctx.by_rank.get(r)
+        if ev is not None and ev.user_frame:
+            parts.append(f"{advice.ranks_text([r])} is at {ev.user_frame}")
+    return (" " + "; ".join(parts) + ".") if parts else ""
 
 
 def _top(ev: RankEvidence) -> str | None:

@@ -255,3 +255,44 @@ def load_dump(path: str | Path, *, rank: int | None = None) -> RankTrace:
         m = re.search(r"(\d+)(?:\.\w+)?$", p.name)
         rank = int(m.group(1)) if m else None
     return parse_dump(raw if isinstance(raw, Mapping) else {}, rank=rank)
+
+
+MAX_SUMMARY_ENTRIES = 500
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [jsonable(x) for x in v]
+    if isinstance(v, str | int | float | bool) or v is None:
+        return v
+    return str(v)
+
+
+def trim_dump(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the newest entries with their top frames: the summary travels over Ray."""
+    out = {k: v for k, v in raw.items() if k != "entries"}
+    entries = _this_job(list(raw.get("entries") or ()))
+    # pg_status is keyed by an internal uid, entries by group name; they agree only in a fresh
+    # process. Re-key through this job's entries and drop statuses of groups no entry names.
+    names = {str(e.get("pg_id")): str((e.get("process_group") or ("",))[0]) for e in entries
+             if isinstance(e, Mapping) and e.get("pg_id") is not None}
+    out["pg_status"] = {names[uid]: st for uid, st in (raw.get("pg_status") or {}).items()
+                        if str(uid) in names}
+    entries = entries[-MAX_SUMMARY_ENTRIES:]
+    out["entries"] = [{**e, "frames": list(e.get("frames") or ())[:4]} for e in entries]
+    return jsonable(out)
+
+
+def _this_job(entries: list[Any]) -> list[Any]:
+    """Entries since the current default group began. The recorder is per process and has no
+    reset: a reused (warm-pool) worker still holds the previous job's entries, whose group
+    ids and seqs ("0", 1, 2, ...) collide with this job's. Seq 1 on the default group marks
+    the start of a job; anything recorded before the newest one belongs to an older group."""
+    start = 0
+    for i, e in enumerate(entries):
+        pg = e.get("process_group") if isinstance(e, Mapping) else None
+        if pg and str(pg[0]) == "0" and e.get("collective_seq_id") == 1:
+            start = i
+    return entries[start:]

@@ -64,6 +64,7 @@ class RankEvidence:
     phase: str | None = None
     heartbeat_age_s: float | None = None
     top_of_stack: str | None = None
+    user_frame: str | None = None  # innermost frame of the user's own code (user-code jobs)
     stack: str | None = None
     log_errors: tuple[str, ...] = ()
     # Time each collective was entered, keyed by (pg, seq), in seconds on a shared clock.
@@ -87,6 +88,7 @@ class RankEvidence:
             pending=tuple(PendingOp.from_dict(p) for p in d.get("pending") or ()),
             step=_opt_int(d.get("step")), phase=d.get("phase"),
             heartbeat_age_s=d.get("heartbeat_age_s"), top_of_stack=d.get("top_of_stack"),
+            user_frame=d.get("user_frame"),
             stack=d.get("main_stack"), log_errors=tuple(d.get("log_errors") or ()),
             enter_times=enter, artifacts=tuple(d.get("artifacts") or ()))
         kw.update(overrides)

@@ -6,7 +6,10 @@ The controller feeds it what it already drains from the workers every tick (metr
 * `due(now_s)` -> a `Due` (trigger "stall", with the StallDecision) once per stall episode:
   no rank's completed step advanced for max(floor, k x p95 step time) (first-step threshold
   before the first step), or a rank's heartbeats stopped. A new episode starts only after
-  progress resumes, so an observed hang is reported once, not every tick.
+  progress resumes, so an observed hang is reported once, not every tick. A user's job that
+  reports no step progresses by its collectives instead: the count of collectives the
+  probe in each rank saw enqueued; the threshold is then max(floor, k x p95 of the gaps
+  between observed advances), and the first-step threshold covers the first collective.
 * `probe_due(now_s)` -> True every `probe_interval_s` of healthy progress: the controller then
   collects Flight Recorder entries from every rank and `analysis()` scores time-to-enter
   (trigger "straggler") -- step times even out under all-reduce, enter times do not.
@@ -44,12 +47,16 @@ _HARDWARE_LEVELS = ("node",)
 class Due:
     trigger: str  # "stall" | "silent"
     decision: StallDecision
+    progress: str = "step"  # "step" | "collective": what the stall rule watched
 
     def describe(self) -> str:
         d = self.decision
         if d.stalled:
-            what = "first step" if d.reason == "first_step" else "step"
-            return (f"no rank's {what} advanced for {d.idle_s:.1f} s "
+            first = d.reason == "first_step"
+            what = (("first step" if first else "step") if self.progress == "step"
+                    else "first collective" if first else "collectives")
+            verb = "came" if first and self.progress != "step" else "advanced"
+            return (f"no rank's {what} {verb} for {d.idle_s:.1f} s "
                     f"(threshold {d.threshold_s:.1f} s)")
         return f"no heartbeat from rank(s) {list(d.silent_ranks)}"
 
@@ -72,6 +79,8 @@ class _Rank:
     step_changed_s: float | None = None
     heartbeat: Any = None
     heartbeat_s: float | None = None
+    collectives: int | None = None
+    collectives_changed_s: float | None = None
 
 
 @dataclass
@@ -89,6 +98,7 @@ class HangMonitor:
         min_spread_s=0.05))
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     _step_times: list[float] = field(default_factory=list)
+    _collective_gaps: list[float] = field(default_factory=list)
     _reported_episode: bool = False
     _last_probe_s: float | None = None
     _probe_steps: int = 0
@@ -112,9 +122,11 @@ class HangMonitor:
 
     # -- inputs -----------------------------------------------------------------------------
     def observe(self, *, now_s: float, metrics: Sequence[Mapping[str, Any]] = (),
-                ranks: Mapping[int, Mapping[str, Any]] | None = None) -> None:
-        """One tick's drain: metrics rows (rank, step, step_time_s) and per-rank updates
-        (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat)."""
+                ranks: Mapping[int, Mapping[str, Any]] | None = None,
+                collectives: Mapping[int, int] | None = None) -> None:
+        """One tick's drain: metrics rows (rank, step, step_time_s), per-rank updates
+        (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat) and
+        per-rank collective counts (user code)."""
         for row in metrics:
             r, step = row.get("rank"), row.get("step")
             if r is None or step is None:
@@ -133,15 +145,44 @@ class HangMonitor:
             st = self._ranks.setdefault(int(r), _Rank())
             if hb is not None and hb != st.heartbeat:
                 st.heartbeat, st.heartbeat_s = hb, now_s
+        for r, count in (collectives or {}).items():
+            st = self._ranks.setdefault(int(r), _Rank())
+            if st.collectives is None or count > st.collectives:
+                if st.collectives_changed_s is not None:
+                    self._collective_gaps.append(now_s - st.collectives_changed_s)
+                st.collectives, st.collectives_changed_s = int(count), now_s
+                if self.progress == "collective":
+                    self._reported_episode = False
+                    self._probe_steps += 1
+        del self._collective_gaps[:-self.policy.window]
+
+    @property
+    def progress(self) -> str:
+        """"step" once any rank reported a step, else "collective" once any rank's probe
+        saw one, else "step" (nothing yet: the first-step threshold runs)."""
+        if any(st.step is not None for st in self._ranks.values()):
+            return "step"
+        if any(st.collectives is not None for st in self._ranks.values()):
+            return "collective"
+        return "step"
+
+    def has_progress(self) -> bool:
+        """Some rank completed a step or enqueued a collective."""
+        return any(st.step is not None or st.collectives is not None
+                   for st in self._ranks.values())
 
     # -- decisions --------------------------------------------------------------------------
     def evaluate(self, now_s: float, *, dead: Sequence[int] = ()) -> StallDecision:
-        progress = [RankProgress(rank=r, step=st.step, step_changed_s=st.step_changed_s,
+        by_step = self.progress == "step"
+        progress = [RankProgress(rank=r, step=st.step if by_step else st.collectives,
+                                 step_changed_s=st.step_changed_s if by_step
+                                 else st.collectives_changed_s,
                                  heartbeat_s=st.heartbeat_s, alive=r not in dead)
                     for r in range(self.world_size)
                     for st in [self._ranks.get(r, _Rank())]]
         return evaluate_stall(self.policy, now_s=now_s, started_s=self.started_s,
-                              ranks=progress, step_times=self._step_times)
+                              ranks=progress,
+                              step_times=self._step_times if by_step else self._collective_gaps)
 
     def due(self, now_s: float) -> Due | None:
         """A stall (or silent ranks) not yet reported in this episode."""
@@ -154,9 +195,9 @@ class HangMonitor:
                        if self._ranks.get(r, _Rank()).heartbeat_s is not None)
         d = replace(d, silent_ranks=silent)
         if d.stalled:
-            return Due("stall", d)
+            return Due("stall", d, progress=self.progress)
         if d.silent_ranks:
-            return Due("silent", d)
+            return Due("silent", d, progress=self.progress)
         return None
 
     def mark_reported(self) -> None:

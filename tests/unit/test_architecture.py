@@ -34,7 +34,8 @@ PURE_WORKERS = ("workers.assignment",)
 WORKERS_MAY_IMPORT = (
     "orchestrator.spec", "orchestrator.mesh", "orchestrator.documents", "orchestrator.worker_env",
     "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
-    "orchestrator.watchdog.evidence_files", "orchestrator.planner.calibration.fit",
+    "orchestrator.watchdog.evidence_files", "orchestrator.watchdog.probe_files",
+    "orchestrator.planner.calibration.fit",
     "orchestrator.entrypoint", "orchestrator.worker_env", "orchestrator.limits",
     "orchestrator.packages",
 )

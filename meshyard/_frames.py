@@ -1,0 +1,158 @@
+"""Where a thread of a rank process is, read from its Python frames: the torch.distributed
+call it is blocked in (op, tensor sizes and dtypes, peer, from the frame's locals) and the
+innermost frame of the user's own code. Stdlib only, and torch only through `sys.modules`
+(nothing here imports it): the probe inside a user's rank process
+(meshyard/_probe.py) and the worker's evidence collection (workers/evidence.py) share it.
+
+gloo records no send/recv in the Flight Recorder, so the frame locals are the only p2p
+evidence there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
+SCHEDULES_FILE = os.path.join("torch", "distributed", "pipelining", "schedules.py")
+P2P_OPS = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
+_GROUP_PEER = {"send": "group_dst", "recv": "group_src", "isend": "group_dst",
+               "irecv": "group_src"}
+COLLECTIVE_OPS = {
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
+    "scatter", "monitored_barrier", "all_gather_object", "broadcast_object_list",
+    "_all_gather_base", "_reduce_scatter_base",
+}
+
+
+def c10d_frame(frame: FrameType | None) -> FrameType | None:
+    """Outermost torch.distributed API frame (all_reduce, recv, ...) on a thread's stack."""
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(C10D_FILE) and (
+                code.co_name in COLLECTIVE_OPS or code.co_name in P2P_OPS):
+            found = frame
+        frame = frame.f_back
+    return found
+
+
+def group_id(group: Any) -> str:
+    if group is None:
+        return "0"
+    return str(getattr(group, "group_name", None) or "0")
+
+
+def tensor_meta(t: Any) -> tuple[list[list[int]], list[str]]:
+    if t is None:
+        return [], []
+    tensors = t if isinstance(t, list | tuple) else [t]
+    sizes, dtypes = [], []
+    for x in tensors:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            sizes.append([int(s) for s in x.shape])
+            dtypes.append(str(x.dtype))
+    return sizes, dtypes
+
+
+def _schedule_p2p(frame: FrameType | None) -> dict[str, Any] | None:
+    """A pipeline schedule blocked waiting on its batched send/recv works: the P2POps named
+    on the schedule's current line (`_wait_batch_p2p(_batch_p2p(fwd_recvs, ...))`). The wait
+    itself is in Work.wait, below any torch.distributed API frame, so only the schedule's
+    locals say what it waits for."""
+    import linecache
+
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(SCHEDULES_FILE):
+            line = linecache.getline(code.co_filename, frame.f_lineno)
+            if "p2p" in line or "wait" in line:
+                for name, value in frame.f_locals.items():
+                    if name in line and isinstance(value, list | tuple) and value and all(
+                            type(v).__name__ == "P2POp" for v in value):
+                        return _p2p_op_dict(value[0])
+        frame = frame.f_back
+    return None
+
+
+def _p2p_op_dict(p2p: Any) -> dict[str, Any]:
+    fn = getattr(getattr(p2p, "op", None), "__name__", "p2p")
+    op = "recv" if "recv" in fn else "send" if "send" in fn else fn
+    sizes, dtypes = tensor_meta(getattr(p2p, "tensor", None))
+    peer = getattr(p2p, "peer", None)
+    return {"op": op, "pg": group_id(getattr(p2p, "group", None)), "seq": None,
+            "is_p2p": True, "peer": int(peer) if peer is not None else None, "sizes": sizes,
+            "dtypes": dtypes, "source": "stack"}
+
+
+def pending_op(frame: FrameType | None) -> dict[str, Any] | None:
+    """The torch.distributed call a thread is blocked in, from the frame's locals."""
+    f = c10d_frame(frame)
+    if f is None:
+        return _schedule_p2p(frame)
+    name = f.f_code.co_name
+    loc = dict(f.f_locals)
+    tensor = loc.get("tensor", loc.get("tensor_list", loc.get("output_tensor")))
+    sizes, dtypes = tensor_meta(tensor)
+    op: dict[str, Any] = {"op": name, "pg": group_id(loc.get("group")), "seq": None,
+                          "is_p2p": name in P2P_OPS, "peer": None, "sizes": sizes,
+                          "dtypes": dtypes, "source": "stack"}
+    if name in P2P_OPS:
+        peer = loc.get(P2P_OPS[name])
+        if peer is None and loc.get(_GROUP_PEER[name]) is not None:
+            peer = _global_rank(loc.get("group"), loc[_GROUP_PEER[name]])
+        op["peer"] = int(peer) if peer is not None else None
+    return op
+
+
+def _global_rank(group: Any, group_rank: int) -> int | None:
+    try:
+        dist = sys.modules["torch.distributed"]
+        return int(dist.get_global_rank(group, group_rank)) if group is not None else group_rank
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(str(Path(__file__).resolve().parent))  # meshyard itself
+    return tuple(sorted(str(Path(d).resolve()) + os.sep for d in dirs if d))
+
+
+_LIBRARY_DIRS: tuple[str, ...] | None = None
+
+
+def is_user_file(filename: str) -> bool:
+    """A frame of the user's code: not the standard library, not an installed package (torch
+    included), not meshyard, not frozen or generated code."""
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        _LIBRARY_DIRS = _library_dirs()
+    if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
+        return False
+    try:
+        full = str(Path(filename).resolve())
+    except OSError:
+        return False
+    return not full.startswith(_LIBRARY_DIRS)
+
+
+def user_frame(frame: FrameType | None) -> str | None:
+    """The innermost frame of the user's own code on a stack, as "train.py:212 in
+    save_checkpoint()" followed by the source line when it can be read."""
+    import linecache
+
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+            where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}()"
+            return f"{where}: `{line}`" if line else where
+        frame = frame.f_back
+    return None

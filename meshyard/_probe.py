@@ -1,0 +1,264 @@
+"""meshyard's probe inside a rank process of a user's job: progress and evidence for the hang
+watchdog without a change to the user's code. Stdlib only; torch is read through
+`sys.modules` once the user's code imported it (nothing here imports torch).
+
+The runner (meshyard/runner.py) calls `start()` before the user's code when
+MESHYARD_PROBE_DIR is set (the service's worker actor and `meshyard watch` set it, with the
+Flight Recorder and NCCL_DEBUG_FILE variables, before the process starts). One daemon thread,
+"meshyard-probe", then wakes every `MESHYARD_PROBE_INTERVAL_S` (0.25 s) and
+
+* samples every process group's Flight Recorder watermarks (`_dump_fr_trace` without entries,
+  ~0.2 ms) once the default group exists, and rewrites `rank<N>.progress.json` when they move:
+  a job that reports no step advances when its collectives do;
+* at a normal interpreter exit, records the time and the uncaught exception, if any;
+* answers an evidence request: the watcher writes `rank<N>.request` (JSON: `id`, `out`, the
+  folder for the answer); the probe writes there `stacks.txt` (every thread), `fr_trace.pkl`
+  (the full Flight Recorder dump), `pyspy.txt` (py-spy native stacks when py-spy is
+  installed) and last `probe.json` (the op the main thread is blocked in from its frame
+  locals, the innermost frame of the user's code, process-group membership, the request
+  id). It answers while the main thread is blocked in a collective (the C++ call releases
+  the GIL) or busy in Python (the interpreter switches threads every 5 ms).
+
+Idle cost: one `stat()` of the request path per wake, and the watermark read; nothing is
+written while nothing moves.
+
+Why not torch's `torch.distributed.debug` (torch 2.13): its per-rank C++ `_WorkerServer`
+answers `dump_traceback`, `fr_trace_json` and `pyspy_dump` (checked here: it also listens on
+a UNIX socket and runs handlers registered with `_register_handler` while the main thread is
+blocked). But `start_debug_server()` connects to a TCPStore at MASTER_ADDR:MASTER_PORT before
+any rank created one (in the service rank 0's `init_process_group` creates it, inside user
+code), binds its workers on every interface without authentication, and needs aiohttp and
+Jinja2 for its frontend; the bare `_WorkerServer` is private and experimental, exists only
+once torch is imported (a rank hung before that has no server), and would still need a side
+thread for the watermark sampling. The probe uses torch's own recorder (`_dump_fr_trace`) and
+files next to the rank's report file, which both the worker actor and `meshyard watch` read
+without a network listener.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from meshyard import _frames
+from meshyard._protocol import PROBE_DIR
+
+PROBE_INTERVAL = "MESHYARD_PROBE_INTERVAL_S"
+THREAD_NAME = "meshyard-probe"
+_DEFAULT_INTERVAL_S = 0.25
+_PYSPY_TIMEOUT_S = 10.0
+
+
+def progress_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.progress.json"
+
+
+def request_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.request"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def _dist() -> Any:
+    """torch.distributed when the user's code imported it and created the default group."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist if dist is not None and dist.is_available() and dist.is_initialized() \
+            else None
+    except Exception:  # noqa: BLE001 - half-imported torch
+        return None
+
+
+def _c10d() -> Any:
+    torch_c = sys.modules.get("torch._C._distributed_c10d")
+    return torch_c if torch_c is not None and hasattr(torch_c, "_dump_fr_trace") else None
+
+
+def watermarks() -> dict[str, dict[str, int]]:
+    """Per process group (keyed by group name; a rank process is fresh, so the recorder's
+    uids are the names): last enqueued and completed collective seq."""
+    c10d = _c10d()
+    if c10d is None or _dist() is None:
+        return {}
+    raw = pickle.loads(c10d._dump_fr_trace(False, False, False))  # noqa: S301 - torch's bytes
+    out = {}
+    for pg, st in (raw.get("pg_status") or {}).items():
+        out[str(pg)] = {"enqueued": int(st.get("last_enqueued_collective", -1)),
+                        "completed": int(st.get("last_completed_collective", -1))}
+    return out
+
+
+def process_groups() -> dict[str, dict[str, Any]]:
+    """This process's groups keyed by group name with their global ranks in group-rank order
+    (gloo dumps carry no membership)."""
+    dist = _dist()
+    if dist is None:
+        return {}
+    try:
+        c10d = dist.distributed_c10d
+        out = {}
+        for pg, name in dict(c10d._world.pg_names).items():
+            ranks = c10d._world.pg_group_ranks.get(pg, {})
+            out[str(name)] = {"ranks": [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
+                              "desc": str(getattr(pg, "group_desc", "") or "")}
+        return out
+    except Exception:  # noqa: BLE001 - private API; absent means "unknown"
+        return {}
+
+
+def _main_frame() -> Any:
+    return sys._current_frames().get(threading.main_thread().ident or -1)
+
+
+def stack_map() -> dict[str, str]:
+    """Every thread's Python stack but the probe's, by thread name; the main thread (where
+    the user's code runs) named "MainThread (training)"."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    out: dict[str, str] = {}
+    for ident, frame in frames.items():
+        if ident == threading.get_ident():
+            continue
+        label = names.get(ident, "?") + (" (training)" if ident == main else "")
+        n, key = 1, label
+        while key in out:
+            n += 1
+            key = f"{label} #{n}"
+        out[key] = "".join(traceback.format_stack(frame))
+    return out
+
+
+def collect(out: Path, *, request_id: str) -> dict[str, Any]:
+    """Write this rank's evidence under `out`; `probe.json` last. Never raises."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    info: dict[str, Any] = {"id": request_id, "pid": os.getpid(), "time_s": t0, "errors": [],
+                            "artifacts": []}
+    frame = _main_frame()
+    try:
+        stacks = stack_map()
+        info["stacks"] = stacks
+        (out / "stacks.txt").write_text("\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()))
+        info["artifacts"].append(str(out / "stacks.txt"))
+        pending = _frames.pending_op(frame)
+        info["pending"] = [pending] if pending else []
+        info["user_frame"] = _frames.user_frame(frame)
+        summary = traceback.extract_stack(frame) if frame is not None else []
+        info["top_frame"] = f"{summary[-1].name} at {summary[-1].filename}:{summary[-1].lineno}" \
+            if summary else None
+        info["main_stack"] = "".join(traceback.format_stack(frame)) if frame else None
+    except Exception as exc:  # noqa: BLE001
+        info["errors"].append(f"stacks: {type(exc).__name__}: {exc}")
+    del frame
+    info["initialized"] = _dist() is not None
+    try:
+        c10d = _c10d()
+        if c10d is not None and info["initialized"]:
+            (out / "fr_trace.pkl").write_bytes(c10d._dump_fr_trace(True, False, False))
+            info["artifacts"].append(str(out / "fr_trace.pkl"))
+    except Exception as exc:  # noqa: BLE001
+        info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
+    info["process_groups"] = process_groups()
+    exe = shutil.which("py-spy")
+    if exe is not None:
+        try:
+            res = subprocess.run([exe, "dump", "--native", "--pid", str(os.getpid())],
+                                 capture_output=True, text=True, timeout=_PYSPY_TIMEOUT_S,
+                                 check=False)
+            (out / "pyspy.txt").write_text(res.stdout + res.stderr)
+            info["artifacts"].append(str(out / "pyspy.txt"))
+        except (OSError, subprocess.SubprocessError) as exc:
+            info["errors"].append(f"py-spy: {exc}")
+    info["collect_s"] = round(time.time() - t0, 3)
+    write_json_atomic(out / "probe.json", info)
+    return info
+
+
+class Probe:
+    def __init__(self, directory: Path, *, rank: int, interval_s: float) -> None:
+        self.dir, self.rank, self.interval_s = directory, rank, interval_s
+        self._stop = threading.Event()
+        self._last: dict[str, dict[str, int]] | None = None
+        self._answered: str | None = None
+        self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+
+    def start(self) -> Probe:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_progress({})
+        self.thread.start()
+        atexit.register(self._at_exit)
+        return self
+
+    def _at_exit(self) -> None:
+        """The process ends through the interpreter (not a signal, not os._exit): record
+        when, and the exception that ended it, if any (sys.last_value, set by Python when it
+        printed an uncaught exception), so a watcher tells the rank that left from the peers
+        that failed of it."""
+        self._stop.set()
+        err = getattr(sys, "last_value", None)
+        with contextlib.suppress(Exception):
+            write_json_atomic(progress_path(self.dir, self.rank), {
+                "pid": os.getpid(), "time": time.time(), "collectives": self._last or {},
+                "exited": {"time": time.time(),
+                           "error": f"{type(err).__name__}: {err}"[:500] if err else None}})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _write_progress(self, marks: dict[str, dict[str, int]]) -> None:
+        write_json_atomic(progress_path(self.dir, self.rank),
+                          {"pid": os.getpid(), "time": time.time(), "collectives": marks})
+        self._last = marks
+
+    def _loop(self) -> None:
+        req = request_path(self.dir, self.rank)
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # the probe never disturbs the user's code
+                marks = watermarks()
+                if marks != self._last:
+                    self._write_progress(marks)
+            if req.exists():
+                with contextlib.suppress(Exception):
+                    self._answer(req)
+
+    def _answer(self, req: Path) -> None:
+        ask = json.loads(req.read_text())
+        rid = str(ask.get("id"))
+        if rid == self._answered:
+            return
+        self._answered = rid
+        collect(Path(ask["out"]), request_id=rid)
+
+
+_PROBE: Probe | None = None
+
+
+def start(environ: dict[str, str] | None = None) -> Probe | None:
+    """Start the probe thread of this process once (a no-op without MESHYARD_PROBE_DIR)."""
+    global _PROBE
+    env = os.environ if environ is None else environ
+    directory, rank = env.get(PROBE_DIR), env.get("RANK")
+    if _PROBE is not None or not directory or rank is None:
+        return _PROBE
+    try:
+        interval = float(env.get(PROBE_INTERVAL) or _DEFAULT_INTERVAL_S)
+    except ValueError:
+        interval = _DEFAULT_INTERVAL_S
+    _PROBE = Probe(Path(directory), rank=int(rank), interval_s=min(max(interval, 0.05), 5.0))
+    return _PROBE.start()

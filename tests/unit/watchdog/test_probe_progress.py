@@ -1,0 +1,125 @@
+"""Progress without a step counter (pure): collective counts from the probes drive the stall
+rule, its adaptive threshold and the first-collective timeout; the probe's files; the local
+watcher's command-line and exit helpers; the user's frame on a stack."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+from meshyard import _frames
+from orchestrator.spec import Watchdog
+from orchestrator.watchdog import probe_files
+from orchestrator.watchdog.local_watch import _blame, _exits, launcher_env, world_size_of
+from orchestrator.watchdog.monitor import HangMonitor
+
+
+def _mon(**watchdog: object) -> HangMonitor:
+    return HangMonitor.from_spec(Watchdog(**watchdog), world_size=2, now_s=0.0)
+
+
+def test_collective_counts_are_progress_when_no_step_is_reported() -> None:
+    m = _mon(stall_timeout_s=3)
+    assert m.progress == "step" and not m.has_progress()
+    for t, n in ((1.0, 2), (1.5, 4), (2.0, 6)):
+        m.observe(now_s=t, collectives={0: n, 1: n})
+    assert m.progress == "collective" and m.has_progress()
+    assert m.due(4.9) is None
+    due = m.due(5.1)
+    assert due is not None and due.trigger == "stall" and due.progress == "collective"
+    assert due.describe().startswith("no rank's collectives advanced for 3.1 s")
+    m.mark_reported()
+    assert m.due(9.0) is None  # one report per episode
+    m.observe(now_s=9.5, collectives={0: 7})  # progress resumed: a new episode
+    assert not m.reported and m.due(12.0) is None and m.due(12.6) is not None
+
+
+def test_one_rank_advancing_is_progress_and_the_threshold_adapts_to_the_gaps() -> None:
+    m = _mon()  # adaptive: max(12 s floor, 5 x p95 of the gaps)
+    for i in range(1, 11):
+        m.observe(now_s=4.0 * i, collectives={0: i, 1: 1})
+    d = m.evaluate(40.0 + 19.0)
+    assert d.threshold_s == 20.0 and not d.stalled  # 5 x 4 s gaps
+    assert m.evaluate(40.0 + 20.5).stalled
+
+
+def test_reported_steps_win_over_collectives() -> None:
+    m = _mon(stall_timeout_s=3)
+    m.observe(now_s=1.0, metrics=[{"rank": 0, "step": 1}], collectives={0: 5})
+    m.observe(now_s=3.0, collectives={0: 9})  # collectives move, steps do not
+    assert m.progress == "step" and m.due(4.5) is not None
+
+
+def test_first_collective_timeout_covers_a_slow_start() -> None:
+    m = _mon(stall_timeout_s=3, first_step_timeout_s=20)
+    assert m.due(19.0) is None
+    due = m.due(21.0)
+    assert due is not None and due.decision.reason == "first_step"
+
+
+def test_probe_files_round_trip(tmp_path: Path) -> None:
+    probe_files.progress_path(tmp_path, 1).write_text(json.dumps(
+        {"pid": 7, "time": 1.0, "collectives": {"0": {"enqueued": 9, "completed": 8},
+                                                "1": {"enqueued": 3, "completed": 3}}}))
+    prog = probe_files.read_progress(tmp_path, 1)
+    assert prog is not None and probe_files.collective_count(prog["collectives"]) == 12
+    assert probe_files.collective_count({"0": {"enqueued": -1}}) is None
+    assert probe_files.read_progress(tmp_path, 2) is None
+    out = tmp_path / "ans"
+    probe_files.ask(tmp_path, 1, out=out, request_id="r1")
+    assert json.loads(probe_files.request_path(tmp_path, 1).read_text()) == {
+        "id": "r1", "out": str(out)}
+    out.mkdir()
+    (out / "probe.json").write_text(json.dumps({"id": "r0"}))  # an older answer
+    assert probe_files.await_answer(out, request_id="r1", timeout_s=0.2) is None
+    assert probe_files.await_answer(out, request_id="r1", timeout_s=30,
+                                    alive=lambda: False) is None  # gone: no 30 s wait
+    (out / "probe.json").write_text(json.dumps({
+        "id": "r1", "pid": 7, "user_frame": "train.py:3 in f()", "top_frame": "sleep at x:1",
+        "pending": [{"op": "all_reduce"}], "process_groups": {"0": {"ranks": [0, 1]}}}))
+    info = probe_files.await_answer(out, request_id="r1", timeout_s=1)
+    assert info is not None
+    s = probe_files.rank_summary(info, rank=1, out=out)
+    assert (s["rank"], s["top_of_stack"], s["fr_dump"]) == (1, "train.py:3 in f()", None)
+    assert s["pending"] == [{"op": "all_reduce"}]
+
+
+def test_torchrun_world_size_and_launcher_env(tmp_path: Path) -> None:
+    assert world_size_of(["torchrun", "--nproc_per_node=4", "t.py"]) == 4
+    assert world_size_of(["torchrun", "--nnodes", "2", "--nproc-per-node", "3", "t.py"]) == 6
+    assert world_size_of(["torchrun", "--nproc_per_node=gpu", "t.py"]) is None
+    env = launcher_env({"PYTHONPATH": "/mine", "NCCL_DEBUG": "INFO"}, out=tmp_path)
+    first, rest = env["PYTHONPATH"].split(":", 1)
+    assert first.endswith("meshyard/_autoprobe") and rest == "/mine"
+    assert (Path(first) / "sitecustomize.py").is_file()
+    assert env["NCCL_DEBUG"] == "INFO" and env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["MESHYARD_PROBE_DIR"] == str(tmp_path / "probe")
+
+
+def test_a_clean_exit_among_failures_is_the_one_named() -> None:
+    why = _exits({0: {"exited": {"error": "RuntimeError: Connection closed by peer"}},
+                  1: {"exited": {"error": None}}, 2: {}})
+    assert why[1].startswith("exit code 0") and "Connection closed" in why[0]
+    assert "signal" in why[2]
+    assert list(_blame(why)) == [1]
+    assert list(_blame({0: why[0], 2: why[2]})) == [2]  # killed, not its erroring peer
+    assert sorted(_blame({0: why[0], 3: why[0]})) == [0, 3]
+
+
+def test_user_frame_skips_library_frames(tmp_path: Path) -> None:
+    # The user's save() calls into json (the library); json calls back into a hook that
+    # hands over json's own frame, as a side thread sees a rank blocked inside a library.
+    user = tmp_path / "train.py"
+    user.write_text("import json, sys\n\n"
+                    "def save(seen):\n"
+                    "    return json.dumps(object(), default=lambda o: seen.append(sys._getframe(1)))\n")
+    ns = runpy.run_path(str(user))
+    seen: list = []
+    ns["save"](seen)
+    assert not _frames.is_user_file(seen[0].f_code.co_filename)  # json/encoder.py
+    assert _frames.user_frame(seen[0]) == (
+        "train.py:4 in save(): `return json.dumps(object(), "
+        "default=lambda o: seen.append(sys._getframe(1)))`")
+    assert not _frames.is_user_file(json.__file__)
+    assert not _frames.is_user_file(_frames.__file__)
