@@ -71,6 +71,8 @@ class CommHook(StrEnum):
     FP16 = "fp16"
     BF16 = "bf16"
     POWERSGD = "powersgd"
+    INT8 = "int8"
+    TOPK = "topk"
 
 
 class FaultKind(StrEnum):
@@ -259,12 +261,20 @@ class TokenFileData(_Frozen):
 
 class DDPOptions(_Frozen):
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=4096, description="DDP bucket size (MiB).")
-    comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
+    comm_hook: CommHook = Field(
+        default=CommHook.NONE,
+        description="DDP gradient compression hook: fp16 / bf16 casts, powersgd (low rank), "
+        "int8 (torch's per-tensor uint8 quantization) or topk (Top-K sparsification with error "
+        "feedback, topk_ratio of each gradient sent per step).")
     powersgd_rank: PositiveInt = Field(default=1, le=64, description="PowerSGD matrix rank.")
     powersgd_start_iter: int = Field(
         default=2, ge=1, le=lim.MAX_STEPS,
         description="PowerSGD warm start: plain all-reduce before this iteration."
     )
+    topk_ratio: float = Field(
+        default=0.01, ge=1e-4, le=1.0,
+        description="topk: fraction of each parameter's gradient entries sent per step (the "
+        "largest in magnitude after adding the residual); the rest accumulates as the residual.")
 
 
 class Training(_Frozen):

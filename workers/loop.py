@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from orchestrator.mesh import MeshShape
 from orchestrator.spec import GPTModel, JobSpec
-from workers import mfu
+from workers import compression, mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks, report_checkpoint
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
@@ -93,7 +93,9 @@ def run_training(
     a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
     (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
     Heartbeats go to ``callbacks.on_heartbeat`` every ``heartbeat_interval_s`` (0 disables).
-    Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu).
+    Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu), and
+    ``grad_comm_bytes`` / ``grad_compression_ratio`` under a DDP comm hook
+    (workers.compression).
     """
     cbs = callbacks or NullCallbacks()
     env = DistEnv.single() if reference else (dist_env or DistEnv.from_environ())
@@ -232,6 +234,10 @@ def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
                            "lr": _current_lr(run.optimizer), "stop": stop}
     if run.mfu_per_tokens_per_s is not None:
         out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
+    for part in run.runner.model_parts:
+        hook = compression.hook_state(part)
+        if hook is not None:
+            out.update(hook.take_step_metrics())
     return out
 
 
@@ -248,7 +254,8 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
     start = ckpt.load_latest()
     if start:
         run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}"
-                             + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)"))
+                             + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)")
+                             + (" with the comm hook's state" if ckpt.hook_restored else ""))
     last_loss: float | None = None
     step = start
     stopped = False

@@ -14,7 +14,7 @@ Order matters and is fixed:
    * ZeRO-1: DDP over the flattened ``dp`` group here; the optimizer is a
      ``ZeroRedundancyOptimizer`` (``build_optimizer``).
    * ZeRO-0: DDP over the dp group with ``bucket_cap_mb`` and the spec's comm hook
-     (fp16 / bf16 / PowerSGD from ``torch.distributed.algorithms.ddp_comm_hooks``).
+     (fp16 / bf16 / PowerSGD / int8 from torch, Top-K from `workers.compression`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from torch import nn
 
 from meshyard.parallel import apply_data_parallel, ddp_group, dp_kind
 from orchestrator.mesh import MeshShape
-from orchestrator.spec import CommHook, JobSpec
+from orchestrator.spec import JobSpec
+from workers import compression
 from workers.model import BuiltModel
 
 if TYPE_CHECKING:
@@ -86,23 +87,6 @@ def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
         container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-    opts = spec.training.ddp
-    hook = opts.comm_hook
-    if hook == CommHook.FP16:
-        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif hook == CommHook.BF16:
-        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
-    elif hook == CommHook.POWERSGD:
-        state = powerSGD_hook.PowerSGDState(
-            process_group=group, matrix_approximation_rank=opts.powersgd_rank,
-            start_powerSGD_iter=opts.powersgd_start_iter, warm_start=True,
-            random_seed=spec.training.seed)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-
-
 def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
     """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
     return dp_kind(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
@@ -132,8 +116,8 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
         bucket_cap_mb=spec.training.ddp.bucket_cap_mb)
     if kind in ("ddp", "zero1"):
         assert mesh is not None
-        _register_comm_hook(out, spec=spec,
-                            group=ddp_group(mesh, kind=kind, dp_shard=dims.dp_shard))
+        compression.register(out, opts=spec.training.ddp, seed=spec.training.seed,
+                             group=ddp_group(mesh, kind=kind, dp_shard=dims.dp_shard))
     return out
 
 
