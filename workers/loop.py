@@ -41,6 +41,7 @@ from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
 from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
 from workers.mesh import build_mesh
 from workers.model import build_model, loss_fn
+from workers.moe import aux_loss_metric
 from workers.parallelize import build_optimizer, dp_plan, parallelize
 from workers.runner import BuildContext, StepRunner, build_runner
 
@@ -151,11 +152,10 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
                        rank=env.rank, faults=faults, loss_fn=loss_fn, parallelize_chunk=chunk)
     runner = build_runner(ctx)
     optimizer = build_optimizer(spec, parts=runner.model_parts, dims=dims, mesh=mesh)
-    shards = (range(MeshShape.from_parallelism(spec.parallelism).dp) if reference
-              else [dims.dp_index(env.rank)])
+    n_shards = MeshShape.from_parallelism(spec.parallelism).data_shards
+    shards = range(n_shards) if reference else [dims.dp_index(env.rank)]
     data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
-                      seq_len=built.seq_len, device=device,
-                      num_shards=MeshShape.from_parallelism(spec.parallelism).dp)
+                      seq_len=built.seq_len, device=device, num_shards=n_shards)
     callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "
                      f"dp={dp_plan(spec, dims)} runner={type(runner).__name__} "
                      f"optimizer={type(optimizer).__name__}")
@@ -238,6 +238,9 @@ def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
         hook = compression.hook_state(part)
         if hook is not None:
             out.update(hook.take_step_metrics())
+        aux = aux_loss_metric(part)
+        if aux is not None:
+            out["moe_aux_loss"] = aux
     return out
 
 

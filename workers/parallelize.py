@@ -87,8 +87,48 @@ def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
         container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
+def apply_ep(module: nn.Module, *, built: BuiltModel, dims: MeshShape, mesh: DeviceMesh,
+             reshard_after_forward: bool) -> None:
+    """Expert parallel: each MoE layer keeps its ``experts / ep`` experts and exchanges tokens
+    over ``mesh["ep"]``; FSDP2 shards the rest over the flattened dp_shard x ep ranks (all of
+    them read distinct data). The experts' gradients already sum the ep ranks' tokens (the
+    all-to-all's backward brings them home), so they are averaged over dp_shard and divided
+    by ep: by FSDP's gradient divide factor when dp_shard > 1 (experts sharded over
+    ``mesh["dp_shard"]``), else by a gradient hook (experts left out of FSDP)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from workers.moe import moe_layers
+
+    ep_mesh = mesh["ep"]
+    layers = moe_layers(module)
+    for layer in layers:
+        layer.shard_experts(group=ep_mesh.get_group(), ep_rank=ep_mesh.get_local_rank(),
+                            ep_size=dims.ep)
+    expert_params = {p for layer in layers for p in layer.experts.parameters()}
+    if dims.dp_shard > 1:
+        for layer in layers:
+            fsdp = fully_shard(layer.experts, mesh=mesh["dp_shard"],
+                               reshard_after_forward=reshard_after_forward)
+            fsdp.set_gradient_divide_factor(float(dims.dp_shard * dims.ep))
+            # A custom factor is NCCL's PreMulSum otherwise, which gloo lacks: sum, then scale.
+            fsdp.set_force_sum_reduction_for_comms(True)
+        ignored: set[nn.Parameter] | None = None
+    else:
+        for p in expert_params:
+            p.register_hook(lambda g: g / dims.ep)
+        ignored = expert_params
+    data_mesh = mesh["dp_shard", "ep"]._flatten("dp_shard_ep")
+    for _, block in _blocks(module, built):
+        fully_shard(block, mesh=data_mesh, reshard_after_forward=reshard_after_forward,
+                    ignored_params=ignored)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=False, ignored_params=ignored)
+
+
 def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
-    """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
+    """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3), or
+    "ep-fsdp" (expert parallel: `apply_ep`)."""
+    if dims.ep > 1:
+        return "ep-fsdp"
     return dp_kind(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
                    zero_stage=spec.parallelism.effective_zero_stage())
 
@@ -109,6 +149,11 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
     if spec.parallelism.activation_checkpointing:
         apply_ac(module, built=built)
     kind = dp_plan(spec, dims)
+    if kind == "ep-fsdp":
+        assert mesh is not None
+        apply_ep(module, built=built, dims=dims, mesh=mesh,
+                 reshard_after_forward=spec.parallelism.effective_zero_stage() != 2)
+        return module
     out = apply_data_parallel(
         module, kind=kind, mesh=mesh, blocks=[b for _, b in _blocks(module, built)],
         device=device, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,

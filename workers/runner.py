@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -82,9 +82,17 @@ class LocalStepRunner:
     """Gradient accumulation over micro-batches on a whole (possibly DP/TP-wrapped) model."""
 
     def __init__(self, model: nn.Module, *,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn) -> None:
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
+                 expert_group: Any = None) -> None:
         self._model = model
         self._loss = loss
+        # Expert parallel: the experts differ per rank of this group (their norms add up).
+        self._expert_group = expert_group
+        self._experts: set[nn.Parameter] = set()
+        if expert_group is not None:
+            from workers.moe import moe_layers
+
+            self._experts = {p for m in moe_layers(model) for p in m.experts.parameters()}
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -116,7 +124,8 @@ class LocalStepRunner:
         return total / n
 
     def clip_grad_norm(self, max_norm: float | None) -> float:
-        return clip_grad_norm(self._model.parameters(), max_norm)
+        return clip_grad_norm(self._model.parameters(), max_norm, split=self._experts,
+                              split_group=self._expert_group)
 
 
 def build_runner(ctx: BuildContext) -> StepRunner:
@@ -126,4 +135,7 @@ def build_runner(ctx: BuildContext) -> StepRunner:
 
         runner: StepRunner = build_pipeline_runner(ctx)
         return runner
-    return LocalStepRunner(ctx.parallelize_chunk(ctx.built.module), loss=ctx.loss_fn)
+    expert_group = ctx.mesh["ep"].get_group() if ctx.dims.ep > 1 and ctx.mesh is not None \
+        else None
+    return LocalStepRunner(ctx.parallelize_chunk(ctx.built.module), loss=ctx.loss_fn,
+                           expert_group=expert_group)

@@ -34,7 +34,8 @@ def test_gang_lands_where_planned_and_trains(runtime, store):
     assert ranks[0].node_id != ranks[2].node_id
     assert {(r.node_id, r.gpu) for r in ranks} == {(b["node_id"], b["gpu"])
                                                   for b in plan["bundles"]}
-    assert ranks[3].coords == {"pp": 0, "dp_replicate": 0, "dp_shard": 1, "tp": 1}
+    assert ranks[3].coords == {"pp": 0, "dp_replicate": 0, "dp_shard": 1, "ep": 0,
+                              "cp": 0, "tp": 1}
     states = [e.dst for e in store.list_events(job_id) if e.kind == "state"]
     assert states == ["QUEUED", "PLACING", "STARTING", "RUNNING", "SUCCEEDED"], [
         (e.dst, e.reason, e.message[:200]) for e in store.list_events(job_id)]
