@@ -39,10 +39,13 @@ class Embed(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # Position ids as a buffer: context parallel shards it along with the tokens (each
+        # CP rank embeds its own, load-balanced, sequence chunks at their true positions).
+        self.positions: torch.Tensor
+        self.register_buffer("positions", torch.arange(cfg.seq_len), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.tok(tokens) + self.pos(pos)
+        return self.tok(tokens) + self.pos(self.positions[: tokens.shape[1]])
 
 
 class Attention(nn.Module):

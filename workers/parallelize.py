@@ -124,11 +124,32 @@ def apply_ep(module: nn.Module, *, built: BuiltModel, dims: MeshShape, mesh: Dev
     fully_shard(module, mesh=data_mesh, reshard_after_forward=False, ignored_params=ignored)
 
 
+def apply_cp_fsdp(module: nn.Module, *, built: BuiltModel, mesh: DeviceMesh,
+                  device: torch.device, reshard_after_forward: bool) -> None:
+    """Context parallel: FSDP2 over the flattened dp_shard x cp ranks (CP ranks hold the same
+    parameters and each computes gradients from its sequence chunks, so gradients average
+    over both). The sequence split itself happens per step (`workers.runner`, torch's
+    ``context_parallel``), which shards SDPA's inputs and runs ring attention; it has no CPU
+    attention strategy, hence CUDA only."""
+    if device.type != "cuda":
+        raise ValueError("context parallel (parallelism.cp > 1) runs on CUDA only: torch's "
+                         "context_parallel has no sharding strategy for CPU attention "
+                         "(aten._scaled_dot_product_flash_attention_for_cpu); run on GPUs "
+                         "(resources.device: cuda) or set cp: 1")
+    from meshyard.parallel import apply_fsdp
+
+    apply_fsdp(module, blocks=[b for _, b in _blocks(module, built)],
+               mesh=mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
+               reshard_after_forward=reshard_after_forward)
+
+
 def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
     """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3), or
-    "ep-fsdp" (expert parallel: `apply_ep`)."""
+    "ep-fsdp" (expert parallel: `apply_ep`), "cp-fsdp" (context parallel: `apply_cp_fsdp`)."""
     if dims.ep > 1:
         return "ep-fsdp"
+    if dims.cp > 1:
+        return "cp-fsdp"
     return dp_kind(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
                    zero_stage=spec.parallelism.effective_zero_stage())
 
@@ -153,6 +174,11 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
         assert mesh is not None
         apply_ep(module, built=built, dims=dims, mesh=mesh,
                  reshard_after_forward=spec.parallelism.effective_zero_stage() != 2)
+        return module
+    if kind == "cp-fsdp":
+        assert mesh is not None
+        apply_cp_fsdp(module, built=built, mesh=mesh, device=device,
+                      reshard_after_forward=spec.parallelism.effective_zero_stage() != 2)
         return module
     out = apply_data_parallel(
         module, kind=kind, mesh=mesh, blocks=[b for _, b in _blocks(module, built)],
