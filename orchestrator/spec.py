@@ -100,7 +100,7 @@ class Resources(_Frozen):
     workers: int | None = Field(
         default=None, ge=1, le=65536,
         description="Number of worker processes (ranks). Defaults to the world size; if given "
-        "it must equal tp * pp * dp_shard * dp_replicate.",
+        "it must equal tp * pp * dp_shard * dp_replicate * ep * cp.",
     )
     gpus_per_worker: int = Field(
         default=1, ge=0, le=1,
