@@ -20,10 +20,14 @@ rounds, and each ratio is the median of the per-round ratios:
   stretch wall time, much less CPU time.
 
 Then DDP, FSDP (dp_shard=2), TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run on the same
-model and global batch, reported relative to DDP. Heartbeat overhead is given end to end
+model and global batch, reported relative to DDP; so do DDP with the int8 and Top-K (1%)
+comm hooks. The MoE variant of the model (4 experts, top-2) runs under DDP and under expert
+parallel (ep=2), EP reported relative to that MoE DDP; context parallel (cp=2, vs DDP on the
+same model) only with two CUDA GPUs (CP is CUDA only). Heartbeat overhead is given end to end
 (``meshyard`` vs ``meshyard_no_hb``) and computed from a microbenchmark of one heartbeat and
 one phase change. With at least two CUDA GPUs the runs use them and the report adds MFU.
-Writes bench/results/throughput.json.
+Writes bench/results/throughput.json; ``--rounds 0`` skips the baseline comparison and
+runs only the layouts (``--layouts a,b``), written to bench/results/throughput_layouts.json.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from workers.env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "throughput.json"
+LAYOUT_RESULTS = REPO / "bench" / "results" / "throughput_layouts.json"
 MODEL: dict[str, Any] = {"kind": "gpt", "n_layers": 4, "n_heads": 4, "d_model": 128,
                          "vocab_size": 256, "seq_len": 64}
 GLOBAL_BATCH = 16
@@ -58,7 +63,21 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "fsdp": {"dp_shard": 2},
     "tp": {"tp": 2},
     "pp": {"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 4},
+    "ddp_int8": {"dp_replicate": 2},
+    "ddp_topk": {"dp_replicate": 2},
+    "ddp_moe": {"dp_replicate": 2},
+    "ep": {"ep": 2},
+    "cp": {"cp": 2},
 }
+MOE = {"experts": 4, "top_k": 2, "capacity_factor": 1.25}
+# Layout -> (model changes, DDP options, the layout its rate is relative to).
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "ddp_int8": ({}, {"comm_hook": "int8"}, "ddp"),
+    "ddp_topk": ({}, {"comm_hook": "topk", "topk_ratio": 0.01}, "ddp"),
+    "ddp_moe": ({"moe": MOE}, {}, "ddp"),
+    "ep": ({"moe": MOE}, {}, "ddp_moe"),
+}
+CUDA_ONLY = ("cp",)
 # Dense peak FLOP/s per GPU by precision (vendor datasheets, SXM parts), for MFU.
 PEAK_FLOPS = {
     "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12},
@@ -85,13 +104,15 @@ def _torchrun(args: list[str], *, nproc: int) -> None:
 
 def spec_for(layout: str, *, steps: int, device: str) -> dict[str, Any]:
     par = LAYOUTS[layout]
-    dp = par.get("dp_replicate", 1) * par.get("dp_shard", 1)
+    # Expert-parallel ranks read their own data; CP ranks share a batch.
+    dp = par.get("dp_replicate", 1) * par.get("dp_shard", 1) * par.get("ep", 1)
+    model_changes, ddp, _ = VARIANTS.get(layout, ({}, {}, "ddp"))
     return {
-        "name": f"bench-{layout}", "parallelism": par, "model": MODEL,
+        "name": f"bench-{layout}", "parallelism": par, "model": {**MODEL, **model_changes},
         "data": {"kind": "synthetic"},
         "training": {"steps": steps, "micro_batch_size": GLOBAL_BATCH // dp, "lr": LR,
                      "grad_clip": GRAD_CLIP, "seed": SEED,
-                     "ddp": {"bucket_cap_mb": BUCKET_MB}},
+                     "ddp": {"bucket_cap_mb": BUCKET_MB, **ddp}},
         "checkpoint": {"enabled": False},
         "resources": {"device": device},
     }
@@ -206,6 +227,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--layouts", default=",".join(LAYOUTS),
+                    help="comma-separated layouts to compare (ddp always runs)")
     args = ap.parse_args()
     import torch
 
@@ -219,6 +242,26 @@ def main() -> None:
         "meshyard_no_hb": lambda n: run_meshyard("ddp", steps=n, hb_interval=1e6, **kw),
     }
     m = {"steps": args.steps, "warmup": args.warmup}
+    names = ["ddp", *[n for n in args.layouts.split(",") if n and n != "ddp"]]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        raise SystemExit(f"unknown layouts {unknown}; choose from {list(LAYOUTS)}")
+    names = [n for n in names if cuda or n not in CUDA_ONLY]
+    for name in names:  # a layout's peer runs too
+        peer = VARIANTS.get(name, ({}, {}, "ddp"))[2]
+        if peer not in names:
+            names.insert(names.index(name), peer)
+    if args.rounds == 0:
+        layouts = {name: _measure(lambda n, name=name: run_meshyard(name, steps=n, **kw), **m)
+                   for name in names}
+        result = {"config": {"model": MODEL, "moe": MOE, "global_batch": GLOBAL_BATCH,
+                             "ranks": nproc, "device": device, "steps": args.steps,
+                             "warmup": args.warmup, "load_average": os.getloadavg()},
+                  **_layout_report(layouts)}
+        LAYOUT_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        LAYOUT_RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(args.rounds):
@@ -233,7 +276,7 @@ def main() -> None:
             f"{k} {wall[k][-1]:.2f} steps/s {cpu[k][-1] * 1e3:.0f} cpu-ms/step" for k in runs),
             flush=True)
     layouts = {name: _measure(lambda n, name=name: run_meshyard(name, steps=n, **kw), **m)
-               for name in ("ddp", "fsdp", "tp", "pp")}
+               for name in names}
     result = _report(args, wall=wall, cpu=cpu, layouts=layouts, device=device, nproc=nproc,
                      cuda=cuda)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +289,20 @@ def _median_ratio(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
+def _layout_report(layouts: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Each layout's rates, and relative to its peer (DDP on the same model)."""
+    out: dict[str, Any] = {}
+    for k, (w, c) in layouts.items():
+        if k == "ddp":
+            continue
+        peer = VARIANTS.get(k, ({}, {}, "ddp"))[2]
+        pw, pc = layouts[peer]
+        out[k] = {"relative_to": peer, "wall": w / pw, "cpu": pc / c}
+    return {"layouts": {k: {"steps_per_s": w, "cpu_s_per_step": c}
+                        for k, (w, c) in layouts.items()},
+            "relative_to_ddp": out}
+
+
 def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
             cpu: dict[str, list[float]], layouts: dict[str, tuple[float, float]], device: str,
             nproc: int, cuda: bool) -> dict[str, Any]:
@@ -256,7 +313,6 @@ def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
     # One heartbeat per second of training (1 s default interval) plus ~5 phase changes per
     # step (data, forward, backward, optimizer, checkpoint).
     computed_hb = micro["heartbeat_s"] / 1.0 + 5 * micro["phase_change_s"] / step_s
-    ddp_w, ddp_c = layouts["ddp"]
     return {
         "config": {"model": MODEL, "global_batch": GLOBAL_BATCH, "ranks": nproc,
                    "device": device, "steps": args.steps,
@@ -277,9 +333,7 @@ def _report(args: argparse.Namespace, *, wall: dict[str, list[float]],
             "end_to_end_overhead_cpu": _median_ratio(cpu["meshyard"],
                                                      cpu["meshyard_no_hb"]) - 1.0,
             "computed_overhead": computed_hb, **micro},
-        "layouts": {k: {"steps_per_s": w, "cpu_s_per_step": c} for k, (w, c) in layouts.items()},
-        "relative_to_ddp": {k: {"wall": w / ddp_w, "cpu": ddp_c / c}
-                            for k, (w, c) in layouts.items() if k != "ddp"},
+        **_layout_report(layouts),
         "mfu": ({"meshyard_ddp": mfu(med_w["meshyard"], n_gpus=nproc),
                  "baseline": mfu(med_w["baseline"], n_gpus=nproc)} if cuda else None),
         "flops_per_token": flops_per_token(),

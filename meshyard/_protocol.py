@@ -4,8 +4,8 @@ Environment (set by the worker, read by the runner and `meshyard.train`):
 
     MESHYARD_REPORT_FILE      per-rank JSON-lines file the rank appends records to
     MESHYARD_CHECKPOINT_DIR   checkpoints of the job, kept across attempts
-    MESHYARD_MESH_DIM_NAMES   "pp,dp_replicate,dp_shard,tp"
-    MESHYARD_MESH_SHAPE       "1,1,4,8" (same order)
+    MESHYARD_MESH_DIM_NAMES   "pp,dp_replicate,dp_shard,ep,cp,tp"
+    MESHYARD_MESH_SHAPE       "1,1,4,1,1,8" (same order)
     MESHYARD_ZERO_STAGE       effective ZeRO stage (0, 2, 3) for prepare_model
     MESHYARD_INIT_TIMEOUT_S   process-group init timeout (function entrypoints)
     MESHYARD_PARENT_PID       the worker actor's pid (the rank dies with it)

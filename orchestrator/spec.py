@@ -36,7 +36,8 @@ PRINTABLE_RE = r"^[^\x00-\x1f\x7f]+$"
 LOOP_FIELDS = ("model", "data", "training", "checkpoint", "inject_fault")
 # Parallelism options only the built-in loop acts on.
 LOOP_PARALLELISM = ("auto", "auto_gpus", "auto_global_batch", "pp_schedule", "pp_microbatches",
-                    "pp_virtual_stages", "sequence_parallel", "activation_checkpointing")
+                    "pp_virtual_stages", "sequence_parallel", "activation_checkpointing", "ep",
+                    "cp")
 
 
 class _Frozen(BaseModel):
@@ -71,6 +72,8 @@ class CommHook(StrEnum):
     FP16 = "fp16"
     BF16 = "bf16"
     POWERSGD = "powersgd"
+    INT8 = "int8"
+    TOPK = "topk"
 
 
 class FaultKind(StrEnum):
@@ -97,7 +100,7 @@ class Resources(_Frozen):
     workers: int | None = Field(
         default=None, ge=1, le=65536,
         description="Number of worker processes (ranks). Defaults to the world size; if given "
-        "it must equal tp * pp * dp_shard * dp_replicate.",
+        "it must equal tp * pp * dp_shard * dp_replicate * ep * cp.",
     )
     gpus_per_worker: int = Field(
         default=1, ge=0, le=1,
@@ -122,6 +125,14 @@ class Parallelism(_Frozen):
     )
     dp_replicate: Degree = Field(
         default=1, description="Replicated data-parallel degree (DDP, or the HSDP replica count)."
+    )
+    ep: Degree = Field(
+        default=1, description="Expert-parallel degree: the MoE experts are split over ep ranks, "
+        "which read distinct data and exchange tokens by all-to-all (needs model.moe).",
+    )
+    cp: Degree = Field(
+        default=1, description="Context-parallel degree: each attention layer's sequence is "
+        "split over cp ranks (ring exchange of K/V; CUDA only).",
     )
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
         default=None,
@@ -164,11 +175,16 @@ class Parallelism(_Frozen):
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp_shard * self.dp_replicate
+        return self.tp * self.pp * self.dp_shard * self.dp_replicate * self.ep * self.cp
 
     @property
     def dp(self) -> int:
         return self.dp_shard * self.dp_replicate
+
+    @property
+    def data_shards(self) -> int:
+        """Ranks reading distinct data (expert-parallel ranks each read their own)."""
+        return self.dp * self.ep
 
     def effective_zero_stage(self) -> int:
         if self.zero_stage is not None:
@@ -202,6 +218,15 @@ class PlacementConstraints(_Frozen):
     )
 
 
+class MoE(_Frozen):
+    experts: int = Field(ge=2, le=256, description="Experts per MoE layer (every block's MLP).")
+    top_k: int = Field(default=2, ge=1, le=8, description="Experts each token is routed to.")
+    capacity_factor: float = Field(
+        default=1.25, gt=0, le=16,
+        description="Slots per expert per sequence = ceil(capacity_factor * seq_len * top_k / "
+        "experts); tokens past an expert's capacity are dropped (first choices first).")
+
+
 class GPTModel(_Frozen):
     kind: Literal["gpt"] = Field(default="gpt", description="Built-in decoder-only transformer.")
     n_layers: PositiveInt = Field(default=4, le=lim.MAX_LAYERS, description="Transformer blocks.")
@@ -213,6 +238,9 @@ class GPTModel(_Frozen):
     vocab_size: PositiveInt = Field(default=256, le=lim.MAX_VOCAB, description="Vocabulary size.")
     seq_len: PositiveInt = Field(default=64, le=lim.MAX_SEQ_LEN, description="Sequence length.")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout probability.")
+    moe: MoE | None = Field(
+        default=None, description="Mixture-of-experts MLPs (router + experts) in every block; "
+        "the experts are split over parallelism.ep.")
 
     @property
     def ffn_dim(self) -> int:
@@ -259,12 +287,20 @@ class TokenFileData(_Frozen):
 
 class DDPOptions(_Frozen):
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=4096, description="DDP bucket size (MiB).")
-    comm_hook: CommHook = Field(default=CommHook.NONE, description="DDP gradient compression hook.")
+    comm_hook: CommHook = Field(
+        default=CommHook.NONE,
+        description="DDP gradient compression hook: fp16 / bf16 casts, powersgd (low rank), "
+        "int8 (torch's per-tensor uint8 quantization) or topk (Top-K sparsification with error "
+        "feedback, topk_ratio of each gradient sent per step).")
     powersgd_rank: PositiveInt = Field(default=1, le=64, description="PowerSGD matrix rank.")
     powersgd_start_iter: int = Field(
         default=2, ge=1, le=lim.MAX_STEPS,
         description="PowerSGD warm start: plain all-reduce before this iteration."
     )
+    topk_ratio: float = Field(
+        default=0.01, ge=1e-4, le=1.0,
+        description="topk: fraction of each parameter's gradient entries sent per step (the "
+        "largest in magnitude after adding the residual); the rest accumulates as the residual.")
 
 
 class Training(_Frozen):
@@ -403,7 +439,7 @@ class JobSpec(_Frozen):
     @property
     def global_batch_size(self) -> int:
         t = self.training
-        return t.micro_batch_size * t.grad_accum_steps * self.parallelism.dp
+        return t.micro_batch_size * t.grad_accum_steps * self.parallelism.data_shards
 
     @property
     def total_steps(self) -> int:
@@ -459,6 +495,16 @@ def _model_issues(spec: JobSpec) -> list[FieldIssue]:
                               f"{p.pp_virtual_stages} = {stages} stages does not divide "
                               f"model.n_layers={m.n_layers}; use a stage count in "
                               f"{divisors(m.n_layers)}"))
+    if m.moe is not None and m.moe.top_k > m.moe.experts:
+        out.append(FieldIssue("model.moe.top_k", f"top_k={m.moe.top_k} exceeds experts="
+                              f"{m.moe.experts}; route to at most as many experts as there are"))
+    if m.moe is not None and m.moe.experts % p.ep:
+        out.append(FieldIssue("parallelism.ep", f"ep={p.ep} does not divide model.moe.experts="
+                              f"{m.moe.experts}; choose ep in {divisors(m.moe.experts)}"))
+    if p.cp > 1 and m.seq_len % (2 * p.cp):
+        out.append(FieldIssue("parallelism.cp", f"context parallel splits the sequence into "
+                              f"2*cp={2 * p.cp} chunks; model.seq_len={m.seq_len} must be a "
+                              "multiple of it"))
     if p.sequence_parallel and p.tp > 1 and m.seq_len % p.tp:
         out.append(FieldIssue("parallelism.sequence_parallel", f"sequence parallel needs tp={p.tp}"
                               f" to divide model.seq_len={m.seq_len}"))
@@ -470,7 +516,7 @@ def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
     out: list[FieldIssue] = []
     if r.workers is not None and r.workers != p.world_size:
         out.append(FieldIssue("resources.workers", f"workers={r.workers} but tp*pp*dp_shard*"
-                              f"dp_replicate = {p.world_size}; set workers to {p.world_size} "
+                              f"dp_replicate*ep*cp = {p.world_size}; set workers to {p.world_size} "
                               "or omit it"))
     if t.micro_batch_size % p.pp_microbatches:
         out.append(FieldIssue("parallelism.pp_microbatches", f"pp_microbatches={p.pp_microbatches}"
@@ -498,9 +544,50 @@ def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
     if stage == 1 and p.dp < 2:
         out.append(FieldIssue("parallelism.zero_stage", "zero_stage=1 needs data parallelism "
                               "(dp_shard * dp_replicate >= 2)"))
-    if t.ddp.comm_hook != CommHook.NONE and (p.dp_shard > 1 or p.tp > 1 or p.pp > 1):
+    if t.ddp.comm_hook != CommHook.NONE and (p.dp_shard > 1 or p.tp > 1 or p.pp > 1
+                                             or p.ep > 1 or p.cp > 1):
         out.append(FieldIssue("training.ddp.comm_hook", "DDP comm hooks apply to pure DDP "
-                              "(dp_replicate only); set comm_hook: none for FSDP/TP/PP"))
+                              "(dp_replicate only); set comm_hook: none for FSDP/TP/PP/EP/CP"))
+    return out + _ep_cp_issues(spec)
+
+
+def _ep_cp_issues(spec: JobSpec) -> list[FieldIssue]:
+    """Expert / context parallel: the combinations the loop runs, and what they need."""
+    p, m = spec.parallelism, spec.model
+    out: list[FieldIssue] = []
+    if isinstance(m, GPTModel) and m.moe is not None and (p.tp > 1 or p.pp > 1):
+        out.append(FieldIssue("model.moe", "MoE models run with ep, dp_shard (FSDP) and "
+                              "dp_replicate (DDP); set tp and pp to 1"))
+    if p.ep > 1:
+        if not isinstance(m, GPTModel) or m.moe is None:
+            out.append(FieldIssue("parallelism.ep", "ep > 1 splits MoE experts; set model.moe "
+                                  "(built-in GPT) or use ep: 1"))
+        if p.tp > 1 or p.pp > 1 or p.dp_replicate > 1 or p.cp > 1:
+            out.append(FieldIssue("parallelism.ep", "ep runs alone or with dp_shard (FSDP, "
+                                  "zero_stage 2/3: experts split by ep, the rest sharded over "
+                                  "dp_shard x ep); set tp, pp, dp_replicate and cp to 1"))
+        if p.dp_shard > 1 and p.effective_zero_stage() < 2:
+            out.append(FieldIssue("parallelism.zero_stage", "ep with dp_shard > 1 shards with "
+                                  "FSDP; use zero_stage 2 or 3"))
+        if spec.checkpoint.enabled:
+            out.append(FieldIssue("checkpoint.enabled", "checkpoints of expert-parallel jobs "
+                                  "are not supported (each rank holds different experts under "
+                                  "the same names); set checkpoint.enabled: false"))
+    if p.cp > 1:
+        if spec.resources.device == Device.CPU:
+            out.append(FieldIssue("parallelism.cp", "context parallel runs on CUDA only: "
+                                  "torch's context_parallel has no sharding strategy for CPU "
+                                  "attention (aten._scaled_dot_product_flash_attention_for_cpu);"
+                                  " set resources.device: cuda or cp: 1"))
+        if p.tp > 1 or p.pp > 1 or p.dp_replicate > 1:
+            out.append(FieldIssue("parallelism.cp", "cp runs alone or with dp_shard (FSDP); "
+                                  "set tp, pp and dp_replicate to 1"))
+        if isinstance(m, GPTModel) and m.dropout > 0:
+            out.append(FieldIssue("model.dropout", "context parallel needs dropout 0 "
+                                  "(attention dropout masks would differ per sequence shard)"))
+        if not isinstance(m, GPTModel):
+            out.append(FieldIssue("parallelism.cp", "cp > 1 needs the built-in GPT (its "
+                                  "attention is what context_parallel shards)"))
     return out
 
 
@@ -525,8 +612,8 @@ def _other_issues(spec: JobSpec) -> list[FieldIssue]:
 def _size_issues(spec: JobSpec) -> list[FieldIssue]:
     p = spec.parallelism
     if p.world_size > lim.MAX_WORLD_SIZE:
-        return [FieldIssue("parallelism", f"tp*pp*dp_shard*dp_replicate = {p.world_size} ranks; "
-                           f"a job has at most {lim.MAX_WORLD_SIZE}, lower the degrees")]
+        return [FieldIssue("parallelism", f"tp*pp*dp_shard*dp_replicate*ep*cp = {p.world_size} "
+                           f"ranks; a job has at most {lim.MAX_WORLD_SIZE}, lower the degrees")]
     if spec.global_batch_size > lim.MAX_BATCH:
         return [FieldIssue("training.micro_batch_size", "micro_batch_size * grad_accum_steps * "
                            f"dp = {spec.global_batch_size} sequences per step; at most "
@@ -547,7 +634,7 @@ def _entrypoint_issues(spec: JobSpec) -> list[FieldIssue]:
             for key in LOOP_PARALLELISM if getattr(p, key) != getattr(defaults, key)]
     if r.workers is not None and r.workers != p.world_size:
         out.append(FieldIssue("resources.workers", f"workers={r.workers} but tp*pp*dp_shard*"
-                              f"dp_replicate = {p.world_size}; set workers to {p.world_size} "
+                              f"dp_replicate*ep*cp = {p.world_size}; set workers to {p.world_size} "
                               "or omit it"))
     stage = p.effective_zero_stage()
     if stage in (2, 3) and p.dp_shard == 1:

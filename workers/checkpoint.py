@@ -16,6 +16,10 @@ Each rank's RNG state (CPU, and CUDA when in use) goes into ``rng/rank_<r>.pt``,
 before the rank's part counts as on disk, and is restored on resume: dropout masks after a
 restart are the ones the uninterrupted run would have drawn. A resume on more ranks than
 saved leaves the new ranks' RNG as seeded.
+
+A DDP comm hook's state (Top-K residuals, PowerSGD's error feedback and memories, see
+`workers.compression`) goes into ``comm_hook/rank_<r>.pt`` the same way and is restored when
+the resumed run uses the same hook.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from orchestrator.spec import JobSpec
+from workers.compression import hook_state
 
 MARKER = "COMPLETE"
 # Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
@@ -47,6 +52,7 @@ MARKER = "COMPLETE"
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 ZERO1_FILE = "zero1_optim.pt"
 RNG_DIR = "rng"
+HOOK_DIR = "comm_hook"
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -64,6 +70,10 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 def _rng_file(step_dir: Path, rank: int) -> Path:
     return step_dir / RNG_DIR / f"rank_{rank}.pt"
+
+
+def _hook_file(step_dir: Path, rank: int) -> Path:
+    return step_dir / HOOK_DIR / f"rank_{rank}.pt"
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -111,6 +121,8 @@ class Checkpointer:
         self._pending: tuple[int, Any] | None = None
         self._last_saved = -1
         self.rng_restored = False
+        self.hook_restored = False
+        self._hook = hook_state(self._model)
         self._async = self._cfg.enabled and self._cfg.async_save and dist.is_initialized()
         # The async save's background thread runs collectives (plan / metadata exchange).
         # On the training group they would interleave with the main thread's gradient
@@ -149,6 +161,10 @@ class Checkpointer:
         rng_file = _rng_file(path, self._rank)
         rng_file.parent.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_file)
+        if self._hook is not None:
+            hook_file = _hook_file(path, self._rank)
+            hook_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self._hook.state_dict(), hook_file)
         if self._zero1:
             self._opt.consolidate_state_dict(to=0)
             if self._rank == 0:
@@ -218,5 +234,10 @@ class Checkpointer:
         self.rng_restored = rng_file.is_file()
         if self.rng_restored:
             _set_rng_state(torch.load(rng_file, weights_only=True))
+        hook_file = _hook_file(path, self._rank)
+        if self._hook is not None and hook_file.is_file():
+            # PowerSGD's state holds a numpy RandomState: a full unpickle of our own file.
+            self.hook_restored = self._hook.load_state_dict(
+                torch.load(hook_file, weights_only=False))
         self._last_saved = step
         return step

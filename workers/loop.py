@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from orchestrator.mesh import MeshShape
 from orchestrator.spec import GPTModel, JobSpec
-from workers import mfu
+from workers import compression, mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks, report_checkpoint
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
@@ -41,6 +41,7 @@ from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
 from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
 from workers.mesh import build_mesh
 from workers.model import build_model, loss_fn
+from workers.moe import aux_loss_metric
 from workers.parallelize import build_optimizer, dp_plan, parallelize
 from workers.runner import BuildContext, StepRunner, build_runner
 
@@ -93,7 +94,9 @@ def run_training(
     a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
     (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
     Heartbeats go to ``callbacks.on_heartbeat`` every ``heartbeat_interval_s`` (0 disables).
-    Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu).
+    Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu), and
+    ``grad_comm_bytes`` / ``grad_compression_ratio`` under a DDP comm hook
+    (workers.compression).
     """
     cbs = callbacks or NullCallbacks()
     env = DistEnv.single() if reference else (dist_env or DistEnv.from_environ())
@@ -149,11 +152,10 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
                        rank=env.rank, faults=faults, loss_fn=loss_fn, parallelize_chunk=chunk)
     runner = build_runner(ctx)
     optimizer = build_optimizer(spec, parts=runner.model_parts, dims=dims, mesh=mesh)
-    shards = (range(MeshShape.from_parallelism(spec.parallelism).dp) if reference
-              else [dims.dp_index(env.rank)])
+    n_shards = MeshShape.from_parallelism(spec.parallelism).data_shards
+    shards = range(n_shards) if reference else [dims.dp_index(env.rank)]
     data = DataSource(spec, seed=seed, shards=shards, vocab_size=built.vocab_size,
-                      seq_len=built.seq_len, device=device,
-                      num_shards=MeshShape.from_parallelism(spec.parallelism).dp)
+                      seq_len=built.seq_len, device=device, num_shards=n_shards)
     callbacks.on_log("INFO", f"rank {env.rank}/{env.world_size} on {device}: dims={dims} "
                      f"dp={dp_plan(spec, dims)} runner={type(runner).__name__} "
                      f"optimizer={type(optimizer).__name__}")
@@ -232,6 +234,13 @@ def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
                            "lr": _current_lr(run.optimizer), "stop": stop}
     if run.mfu_per_tokens_per_s is not None:
         out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
+    for part in run.runner.model_parts:
+        hook = compression.hook_state(part)
+        if hook is not None:
+            out.update(hook.take_step_metrics())
+        aux = aux_loss_metric(part)
+        if aux is not None:
+            out["moe_aux_loss"] = aux
     return out
 
 
@@ -248,7 +257,8 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
     start = ckpt.load_latest()
     if start:
         run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}"
-                             + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)"))
+                             + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)")
+                             + (" with the comm hook's state" if ckpt.hook_restored else ""))
     last_loss: float | None = None
     step = start
     stopped = False

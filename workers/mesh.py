@@ -1,4 +1,4 @@
-"""The DeviceMesh of a job: dims (pp, dp_replicate, dp_shard, tp) plus a flattened "dp".
+"""The DeviceMesh of a job: dims (pp, dp_replicate, dp_shard, ep, cp, tp) plus a flattened "dp".
 
 The rank <-> coordinates arithmetic is `orchestrator.mesh.MeshShape` (the one contract the
 solver, runtime and watchdog share); this module only builds torch's mesh from it.
@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 
 def build_mesh(dims: MeshShape, *, device_type: str) -> DeviceMesh:
-    """DeviceMesh with dims (pp, dp_replicate, dp_shard, tp) plus a flattened "dp".
+    """DeviceMesh with dims (pp, dp_replicate, dp_shard, ep, cp, tp) plus a flattened "dp".
 
-    Needs the default process group (or world size 1). All four names always exist, so
+    Needs the default process group (or world size 1). All six names always exist, so
     callers slice ``mesh["tp"]`` without checking which degrees are > 1.
     """
     import torch.distributed as dist

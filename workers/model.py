@@ -5,6 +5,8 @@ The GPT is laid out for splitting (torchtitan style): ``embed`` / ``layers`` (a 
 stage is a deep copy with the other stages' layers deleted and the ends set to None, so
 parameter names (FQNs) stay the same in every stage and checkpoints reshard across layouts.
 
+With ``model.moe`` every block's MLP is a mixture of experts (`workers.moe`).
+
 Attention reads the local head count from the projection's output width, so the same code runs
 whole or tensor-parallel (column-wise Q/K/V give each TP rank n_heads / tp heads).
 """
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orchestrator.spec import GPTModel, ImportModel, JobSpec
+from workers.moe import MoE
 
 # A TP plan maps module FQN patterns to torch.distributed.tensor.parallel styles, or is a
 # callable (module, tp_mesh) -> None that applies TP itself.
@@ -36,10 +39,13 @@ class Embed(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # Position ids as a buffer: context parallel shards it along with the tokens (each
+        # CP rank embeds its own, load-balanced, sequence chunks at their true positions).
+        self.positions: torch.Tensor
+        self.register_buffer("positions", torch.arange(cfg.seq_len), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.tok(tokens) + self.pos(pos)
+        return self.tok(tokens) + self.pos(self.positions[: tokens.shape[1]])
 
 
 class Attention(nn.Module):
@@ -78,7 +84,7 @@ class Block(nn.Module):
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.attn = Attention(cfg)
         self.mlp_norm = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = MoE(cfg) if cfg.moe is not None else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))

@@ -14,7 +14,7 @@ Order matters and is fixed:
    * ZeRO-1: DDP over the flattened ``dp`` group here; the optimizer is a
      ``ZeroRedundancyOptimizer`` (``build_optimizer``).
    * ZeRO-0: DDP over the dp group with ``bucket_cap_mb`` and the spec's comm hook
-     (fp16 / bf16 / PowerSGD from ``torch.distributed.algorithms.ddp_comm_hooks``).
+     (fp16 / bf16 / PowerSGD / int8 from torch, Top-K from `workers.compression`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from torch import nn
 
 from meshyard.parallel import apply_data_parallel, ddp_group, dp_kind
 from orchestrator.mesh import MeshShape
-from orchestrator.spec import CommHook, JobSpec
+from orchestrator.spec import JobSpec
+from workers import compression
 from workers.model import BuiltModel
 
 if TYPE_CHECKING:
@@ -86,25 +87,69 @@ def apply_ac(module: nn.Module, *, built: BuiltModel) -> None:
         container.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
-def _register_comm_hook(ddp: Any, *, spec: JobSpec, group: Any) -> None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+def apply_ep(module: nn.Module, *, built: BuiltModel, dims: MeshShape, mesh: DeviceMesh,
+             reshard_after_forward: bool) -> None:
+    """Expert parallel: each MoE layer keeps its ``experts / ep`` experts and exchanges tokens
+    over ``mesh["ep"]``; FSDP2 shards the rest over the flattened dp_shard x ep ranks (all of
+    them read distinct data). The experts' gradients already sum the ep ranks' tokens (the
+    all-to-all's backward brings them home), so they are averaged over dp_shard and divided
+    by ep: by FSDP's gradient divide factor when dp_shard > 1 (experts sharded over
+    ``mesh["dp_shard"]``), else by a gradient hook (experts left out of FSDP)."""
+    from torch.distributed.fsdp import fully_shard
 
-    opts = spec.training.ddp
-    hook = opts.comm_hook
-    if hook == CommHook.FP16:
-        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif hook == CommHook.BF16:
-        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
-    elif hook == CommHook.POWERSGD:
-        state = powerSGD_hook.PowerSGDState(
-            process_group=group, matrix_approximation_rank=opts.powersgd_rank,
-            start_powerSGD_iter=opts.powersgd_start_iter, warm_start=True,
-            random_seed=spec.training.seed)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    from workers.moe import moe_layers
+
+    ep_mesh = mesh["ep"]
+    layers = moe_layers(module)
+    for layer in layers:
+        layer.shard_experts(group=ep_mesh.get_group(), ep_rank=ep_mesh.get_local_rank(),
+                            ep_size=dims.ep)
+    expert_params = {p for layer in layers for p in layer.experts.parameters()}
+    if dims.dp_shard > 1:
+        for layer in layers:
+            fsdp = fully_shard(layer.experts, mesh=mesh["dp_shard"],
+                               reshard_after_forward=reshard_after_forward)
+            fsdp.set_gradient_divide_factor(float(dims.dp_shard * dims.ep))
+            # A custom factor is NCCL's PreMulSum otherwise, which gloo lacks: sum, then scale.
+            fsdp.set_force_sum_reduction_for_comms(True)
+        ignored: set[nn.Parameter] | None = None
+    else:
+        for p in expert_params:
+            p.register_hook(lambda g: g / dims.ep)
+        ignored = expert_params
+    data_mesh = mesh["dp_shard", "ep"]._flatten("dp_shard_ep")
+    for _, block in _blocks(module, built):
+        fully_shard(block, mesh=data_mesh, reshard_after_forward=reshard_after_forward,
+                    ignored_params=ignored)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=False, ignored_params=ignored)
+
+
+def apply_cp_fsdp(module: nn.Module, *, built: BuiltModel, mesh: DeviceMesh,
+                  device: torch.device, reshard_after_forward: bool) -> None:
+    """Context parallel: FSDP2 over the flattened dp_shard x cp ranks (CP ranks hold the same
+    parameters and each computes gradients from its sequence chunks, so gradients average
+    over both). The sequence split itself happens per step (`workers.runner`, torch's
+    ``context_parallel``), which shards SDPA's inputs and runs ring attention; it has no CPU
+    attention strategy, hence CUDA only."""
+    if device.type != "cuda":
+        raise ValueError("context parallel (parallelism.cp > 1) runs on CUDA only: torch's "
+                         "context_parallel has no sharding strategy for CPU attention "
+                         "(aten._scaled_dot_product_flash_attention_for_cpu); run on GPUs "
+                         "(resources.device: cuda) or set cp: 1")
+    from meshyard.parallel import apply_fsdp
+
+    apply_fsdp(module, blocks=[b for _, b in _blocks(module, built)],
+               mesh=mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
+               reshard_after_forward=reshard_after_forward)
 
 
 def dp_plan(spec: JobSpec, dims: MeshShape) -> str:
-    """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3)."""
+    """Which data-parallel wrapper applies: "none", "ddp", "zero1", "fsdp" (ZeRO-2/3), or
+    "ep-fsdp" (expert parallel: `apply_ep`), "cp-fsdp" (context parallel: `apply_cp_fsdp`)."""
+    if dims.ep > 1:
+        return "ep-fsdp"
+    if dims.cp > 1:
+        return "cp-fsdp"
     return dp_kind(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
                    zero_stage=spec.parallelism.effective_zero_stage())
 
@@ -125,6 +170,16 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
     if spec.parallelism.activation_checkpointing:
         apply_ac(module, built=built)
     kind = dp_plan(spec, dims)
+    if kind == "ep-fsdp":
+        assert mesh is not None
+        apply_ep(module, built=built, dims=dims, mesh=mesh,
+                 reshard_after_forward=spec.parallelism.effective_zero_stage() != 2)
+        return module
+    if kind == "cp-fsdp":
+        assert mesh is not None
+        apply_cp_fsdp(module, built=built, mesh=mesh, device=device,
+                      reshard_after_forward=spec.parallelism.effective_zero_stage() != 2)
+        return module
     out = apply_data_parallel(
         module, kind=kind, mesh=mesh, blocks=[b for _, b in _blocks(module, built)],
         device=device, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
@@ -132,8 +187,8 @@ def parallelize(module: nn.Module, *, built: BuiltModel, spec: JobSpec, dims: Me
         bucket_cap_mb=spec.training.ddp.bucket_cap_mb)
     if kind in ("ddp", "zero1"):
         assert mesh is not None
-        _register_comm_hook(out, spec=spec,
-                            group=ddp_group(mesh, kind=kind, dp_shard=dims.dp_shard))
+        compression.register(out, opts=spec.training.ddp, seed=spec.training.seed,
+                             group=ddp_group(mesh, kind=kind, dp_shard=dims.dp_shard))
     return out
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -82,9 +82,21 @@ class LocalStepRunner:
     """Gradient accumulation over micro-batches on a whole (possibly DP/TP-wrapped) model."""
 
     def __init__(self, model: nn.Module, *,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn) -> None:
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
+                 expert_group: Any = None, cp_mesh: DeviceMesh | None = None) -> None:
         self._model = model
         self._loss = loss
+        # Context parallel: each micro-batch's forward and backward run inside torch's
+        # context_parallel over this mesh, with the tokens, targets and the embedding's
+        # position ids sharded along the sequence.
+        self._cp_mesh = cp_mesh
+        # Expert parallel: the experts differ per rank of this group (their norms add up).
+        self._expert_group = expert_group
+        self._experts: set[nn.Parameter] = set()
+        if expert_group is not None:
+            from workers.moe import moe_layers
+
+            self._experts = {p for m in moe_layers(model) for p in m.experts.parameters()}
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -107,7 +119,9 @@ class LocalStepRunner:
         n = len(microbatches)
         total = torch.zeros((), device=microbatches[0].inputs.device)
         for i, mb in enumerate(microbatches):
-            with self._sync_ctx(i == n - 1):
+            if self._cp_mesh is not None:
+                mb = Batch(inputs=mb.inputs.clone(), targets=mb.targets.clone())
+            with self._sync_ctx(i == n - 1), self._cp_ctx(mb):
                 progress.enter(Phase.FORWARD)
                 loss = self._loss(self._model(mb.inputs), mb.targets)
                 progress.enter(Phase.BACKWARD)
@@ -115,8 +129,23 @@ class LocalStepRunner:
             total += loss.detach()
         return total / n
 
+    def _cp_ctx(self, mb: Batch) -> contextlib.AbstractContextManager[None]:
+        if self._cp_mesh is None:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        buffers = [mb.inputs, mb.targets]
+        dims = [1, 1]
+        embed = getattr(self._model, "embed", None)
+        if embed is not None and hasattr(embed, "positions"):
+            buffers.append(embed.positions)
+            dims.append(0)
+        return context_parallel(self._cp_mesh, buffers=buffers, buffer_seq_dims=dims,
+                                no_restore_buffers={mb.inputs, mb.targets})
+
     def clip_grad_norm(self, max_norm: float | None) -> float:
-        return clip_grad_norm(self._model.parameters(), max_norm)
+        return clip_grad_norm(self._model.parameters(), max_norm, split=self._experts,
+                              split_group=self._expert_group)
 
 
 def build_runner(ctx: BuildContext) -> StepRunner:
@@ -126,4 +155,8 @@ def build_runner(ctx: BuildContext) -> StepRunner:
 
         runner: StepRunner = build_pipeline_runner(ctx)
         return runner
-    return LocalStepRunner(ctx.parallelize_chunk(ctx.built.module), loss=ctx.loss_fn)
+    expert_group = ctx.mesh["ep"].get_group() if ctx.dims.ep > 1 and ctx.mesh is not None \
+        else None
+    cp_mesh = ctx.mesh["cp"] if ctx.dims.cp > 1 and ctx.mesh is not None else None
+    return LocalStepRunner(ctx.parallelize_chunk(ctx.built.module), loss=ctx.loss_fn,
+                           expert_group=expert_group, cp_mesh=cp_mesh)

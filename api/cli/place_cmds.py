@@ -30,11 +30,11 @@ def _fail(reason: str, message: str, *, as_json: bool) -> typer.Exit:
 
 
 def _table(placement: Placement) -> str:
-    lines = [f"{'rank':>5}  {'node':<20} {'gpu':>3}  pp dpr dps  tp"]
+    lines = [f"{'rank':>5}  {'node':<20} {'gpu':>3}  pp dpr dps  ep  cp  tp"]
     for r in placement.ranks:
         c = r.coords
         lines.append(f"{r.rank:>5}  {r.node:<20} {r.gpu:>3}  {c['pp']:>2} {c['dp_replicate']:>3}"
-                     f" {c['dp_shard']:>3} {c['tp']:>3}")
+                     f" {c['dp_shard']:>3} {c['ep']:>3} {c['cp']:>3} {c['tp']:>3}")
     est = placement.estimate
     lines.append(f"level: {placement.level} {'/'.join(placement.domain)}")
     for d in est.dimensions:
@@ -53,6 +53,10 @@ def place(
     dp_shard: Annotated[int, typer.Option("--dp-shard", min=1, help="Sharded DP degree.")] = 1,
     dp_replicate: Annotated[int, typer.Option("--dp-replicate", min=1,
                                               help="Replicated DP degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1, max=4096,
+                                    help="Expert-parallel degree (MoE all-to-all group).")] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1, max=4096,
+                                    help="Context-parallel degree (ring of K/V exchanges).")] = 1,
     tp_within: Annotated[TopologyLevel, typer.Option("--tp-within",
                                                      help="Level each TP group stays inside.")]
     = TopologyLevel.NVLINK_DOMAIN,
@@ -73,8 +77,8 @@ def place(
         raise _fail("INVALID_CLUSTER", f"{cluster}: {exc}", as_json=as_json) from None
     mode = ConstraintMode.REQUIRED if required else ConstraintMode.PREFERRED
     constraints = Constraints(tp_within=tp_within, mode=mode, avoid_nodes=tuple(avoid or ()))
-    result = solve(topo, MeshShape(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp),
-                   constraints=constraints)
+    mesh = MeshShape(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, ep=ep, cp=cp, tp=tp)
+    result = solve(topo, mesh, constraints=constraints)
     if not isinstance(result, Placement):
         raise _fail(result.reason.value, result.message, as_json=as_json)
     out: dict[str, Any] = result.as_dict()

@@ -1,8 +1,11 @@
 """Block-aligned BestFit candidates.
 
-Pure module. Ranks are row-major (pp, dp_replicate, dp_shard, tp), so the job is a nest of
-contiguous rank blocks: a TP group (tp GPUs), a dp_shard group of TP groups (tp * dp_shard),
-a pipeline stage (tp * dp_shard * dp_replicate). Plain BestFit packs TP groups; it can leave a
+Pure module. Ranks are row-major (pp, dp_replicate, dp_shard, ep, cp, tp), so the job is a
+nest of contiguous rank blocks: a TP group (tp GPUs), a CP ring of TP groups (tp * cp), an EP
+group of those (tp * cp * ep), a dp_shard group of EP groups, a pipeline stage (tp * cp * ep *
+dp_shard * dp_replicate). The CP and EP blocks come first (smallest): an EP group's
+all-to-all and a CP ring's per-layer exchanges are what most needs one NVLink domain after TP.
+Plain BestFit packs TP groups; it can leave a
 dp_shard group straddling two half-free nodes, or a pipeline stage straddling two leaves, while
 whole nodes or leaves were free. So the solver also packs in larger blocks: for a block of b
 TP groups it finds the deepest tree level whose domains can hold all the job's blocks (each
@@ -26,7 +29,7 @@ from orchestrator.placement.domains import Domain, Packing, fill, take_order
 def block_sizes(mesh: MeshShape) -> list[int]:
     """Distinct block sizes in TP groups, smallest first (1 = plain BestFit)."""
     out, size = [1], 1
-    for dim in ("dp_shard", "dp_replicate"):
+    for dim in ("cp", "ep", "dp_shard", "dp_replicate"):
         size *= getattr(mesh, dim)
         if size not in out and size < mesh.n_tp_groups:
             out.append(size)

@@ -11,11 +11,18 @@ them), per optimizer step:
                 bucketed all-reduce
   dp_replicate  DDP / HSDP replicas: bucketed all-reduce of the (sharded) gradients
   pp            send/recv of activations forward and their gradients backward per microbatch
+  ep            MoE expert parallel: all-to-all dispatch and combine of the routed tokens
+                (top_k * capacity_factor per token) per MoE layer and microbatch, forward and
+                backward; with dp_shard == 1 also FSDP over ep of the dense parameters
+  cp            context parallel (ring attention): per attention layer and microbatch, cp - 1
+                send/recv steps of the K and V shards forward, twice that backward (K/V and
+                their gradients)
 
 Time of one call over n ranks whose bottleneck link has bandwidth B and latency a:
   ring all-reduce               2(n-1)/n * M/B + 2(n-1) a
   all-gather / reduce-scatter    (n-1)/n * M/B +  (n-1) a      (M = the full buffer)
   send/recv                             M/B +         a
+  all-to-all                     (n-1)/n * M/B +  (n-1) a      (M = one rank's buffer)
 
 A dimension's time is that of its slowest group (groups run concurrently); `total_s` sums the
 dimensions, `exposed_s` discounts each by the fraction the framework overlaps with compute.
@@ -56,6 +63,9 @@ class ModelDims:
     ddp_bucket_mb: float = 25.0
     sequence_parallel: bool = False
     zero_stage: int | None = None  # None: 3 when dp_shard > 1
+    moe_experts: int = 0  # 0: dense MLPs
+    moe_top_k: int = 2
+    moe_capacity_factor: float = 1.25
 
     @classmethod
     def from_spec(cls, spec: Any) -> ModelDims:
@@ -64,9 +74,13 @@ class ModelDims:
         if getattr(spec, "entrypoint", None) is not None:
             return cls(zero_stage=spec.parallelism.effective_zero_stage())
         m, p, t = spec.model, spec.parallelism, spec.training
-        base = {"vocab_size": m.vocab_size, "seq_len": m.seq_len}
+        base: dict[str, Any] = {"vocab_size": m.vocab_size, "seq_len": m.seq_len}
         if getattr(m, "kind", "gpt") == "gpt":
             base |= {"n_layers": m.n_layers, "d_model": m.d_model, "ffn_dim": m.ffn_dim}
+            moe = getattr(m, "moe", None)
+            if moe is not None:
+                base |= {"moe_experts": moe.experts, "moe_top_k": moe.top_k,
+                         "moe_capacity_factor": moe.capacity_factor}
         return cls(**base, micro_batch_size=t.micro_batch_size,
                    pp_microbatches=p.pp_microbatches, grad_accum_steps=t.grad_accum_steps,
                    ddp_bucket_mb=t.ddp.bucket_cap_mb, sequence_parallel=p.sequence_parallel,
@@ -85,7 +99,7 @@ class ModelDims:
 class CommRow:
     dimension: str
     participants: int
-    primitive: str  # all_reduce | all_gather | reduce_scatter | send_recv
+    primitive: str  # all_reduce | all_gather | reduce_scatter | send_recv | all_to_all
     bytes_per_call: int
     calls_per_step: int
     overlap: float  # fraction the framework can hide behind compute
@@ -149,6 +163,19 @@ def communication_signature(mesh: MeshShape, model: ModelDims | None = None) -> 
     if mesh.pp > 1:
         p2p = act // mesh.tp if d.sequence_parallel else act
         rows.append(CommRow("pp", 2, "send_recv", p2p, 2 * steps, 0.25))
+    if mesh.ep > 1:
+        routed = int(act // mesh.cp * d.moe_top_k * d.moe_capacity_factor)
+        rows.append(CommRow("ep", mesh.ep, "all_to_all", routed, 4 * layers * steps, 0.0))
+        if mesh.dp_shard == 1:
+            dense = stage_params // max(1, layers)
+            rows.append(CommRow("ep", mesh.ep, "all_gather", dense * d.param_bytes,
+                                2 * layers * d.grad_accum_steps, 0.7))
+            rows.append(CommRow("ep", mesh.ep, "reduce_scatter", dense * d.grad_bytes,
+                                layers, 0.7))
+    if mesh.cp > 1:
+        kv = 2 * act // mesh.cp
+        rows.append(CommRow("cp", mesh.cp, "send_recv", kv, 3 * (mesh.cp - 1) * layers * steps,
+                            0.5))
     return rows
 
 
@@ -163,6 +190,8 @@ def call_seconds(primitive: str, *, n: int, nbytes: int, link: Link) -> float:
         return (n - 1) / n * beta + (n - 1) * link.alpha_s
     if primitive == "send_recv":
         return beta + link.alpha_s
+    if primitive == "all_to_all":
+        return (n - 1) / n * beta + (n - 1) * link.alpha_s
     raise ValueError(f"unknown primitive {primitive!r}")
 
 

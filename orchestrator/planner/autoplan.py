@@ -46,6 +46,10 @@ def request_from_spec(spec: JobSpec, *, cluster: ClusterTopology,
     if not isinstance(spec.model, GPTModel):
         raise PlanningError("parallelism: auto needs the built-in GPT model (model.kind: gpt), "
                             "whose sizes the planner can read; set the degrees by hand")
+    if spec.model.moe is not None:
+        raise PlanningError("parallelism: auto does not plan MoE models: the planner's search "
+                            "has no expert-parallel degree; set ep and dp_shard by hand "
+                            "(e.g. parallelism: {ep: 2, dp_shard: 2})")
     p, t = spec.parallelism, spec.training
     gpus = p.auto_gpus or free_gpus(cluster)
     if gpus < 1:

@@ -270,6 +270,28 @@ def test_queued_job_says_why_it_is_pending_then_shows_its_placement(
     assert page.locator("#pending").is_hidden()
 
 
+def test_expert_parallel_job_shows_its_ep_coordinates_and_all_to_all_row(
+        page: Any, server: Server, nodes: list[str]) -> None:
+    job = submit(server.store, spec_doc("moe-ep4", dp_shard=2, ep=4))
+    walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
+    place(server.store, job, nodes[:1], step=3)
+    page.goto(f"/jobs/{job.id}")
+    page.wait_for_function("() => document.querySelectorAll('.pm-gpu.used').length === 8")
+    labels = page.evaluate("() => [...document.querySelectorAll('.pm-labels .pm-coord')]"
+                           ".map(t => t.textContent)")
+    assert labels[:5] == ["d0 e0", "d0 e1", "d0 e2", "d0 e3", "d1 e0"]
+    assert "ep 1" in page.locator('.pm-gpu[data-rank="1"] title').first.text_content()
+    page.locator("#comm-table", has_text="NV18").wait_for()
+    rows = page.evaluate("() => [...document.querySelectorAll('#comm-table tbody tr')]"
+                         ".map(r => [r.cells[0].textContent, r.cells[1].textContent, "
+                         "r.cells[2].textContent, r.cells[7].textContent])")
+    # FSDP over dp_shard (all-gather, reduce-scatter) and the EP group's all-to-all, whose
+    # 4 ranks sit on one node's NVSwitch.
+    assert ["ep", "4", "all_to_all", "NV18 (450 GB/s)"] in rows
+    assert sorted(r[0] for r in rows) == ["dp_shard", "dp_shard", "ep"]
+    assert page.errors == []
+
+
 def test_512_ranks_table_filter_and_map(page: Any, server: Server) -> None:
     from orchestrator.topology.model import NodeTopology
     from orchestrator.topology.serialize import node_topology_to_dict

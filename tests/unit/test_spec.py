@@ -64,6 +64,26 @@ INVALID = [
     ({"name": "x", "data": {"kind": "text_file"}}, "data.path", "required"),
     ({"name": "x", "debug": {"nccl_debug": "LOUD"}}, "debug.nccl_debug", "Input should be"),
     ("just a string", "<root>", "must be a mapping"),
+    ({"name": "x", "training": {"ddp": {"comm_hook": "topk", "topk_ratio": 0}}},
+     "training.ddp.topk_ratio", "greater than or equal"),
+    ({"name": "x", "parallelism": {"ep": 2}}, "parallelism.ep", "set model.moe"),
+    ({"name": "x", "parallelism": {"ep": 3}, "model": {"moe": {"experts": 4}},
+      "checkpoint": {"enabled": False}}, "parallelism.ep", "does not divide model.moe.experts"),
+    ({"name": "x", "parallelism": {"ep": 2, "tp": 2}, "model": {"moe": {"experts": 4}},
+      "checkpoint": {"enabled": False}}, "parallelism.ep", "with dp_shard (FSDP"),
+    ({"name": "x", "parallelism": {"ep": 2}, "model": {"moe": {"experts": 4}}},
+     "checkpoint.enabled", "set checkpoint.enabled: false"),
+    ({"name": "x", "model": {"moe": {"experts": 2, "top_k": 3}}}, "model.moe.top_k",
+     "exceeds experts"),
+    ({"name": "x", "parallelism": {"cp": 2}, "resources": {"device": "cpu"}},
+     "parallelism.cp", "CUDA only"),
+    ({"name": "x", "parallelism": {"cp": 2, "tp": 2}, "resources": {"device": "cuda"}},
+     "parallelism.cp", "with dp_shard (FSDP)"),
+    ({"name": "x", "parallelism": {"cp": 3}, "resources": {"device": "cuda"}},
+     "parallelism.cp", "multiple of it"),
+    ({"name": "x", "parallelism": {"ep": 2, "dp_replicate": 2}, "training": {"ddp": {
+        "comm_hook": "int8"}}, "model": {"moe": {"experts": 4}}}, "training.ddp.comm_hook",
+     "pure DDP"),
 ]
 
 
@@ -91,6 +111,13 @@ def test_world_size_and_global_batch() -> None:
                        "training": {"micro_batch_size": 4, "grad_accum_steps": 2}})
     assert spec.world_size == 24
     assert spec.global_batch_size == 4 * 2 * 6
+    # Expert-parallel ranks read their own data; context-parallel ranks share a batch.
+    ep = parse_spec({"name": "x", "parallelism": {"dp_shard": 2, "ep": 2},
+                     "model": {"moe": {"experts": 4}}, "checkpoint": {"enabled": False}})
+    assert ep.world_size == 4 and ep.global_batch_size == 8 * 4
+    cp = parse_spec({"name": "x", "parallelism": {"dp_shard": 2, "cp": 2},
+                     "resources": {"device": "cuda"}})
+    assert cp.world_size == 4 and cp.global_batch_size == 8 * 2
 
 
 def test_spec_is_frozen() -> None:

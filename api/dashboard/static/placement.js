@@ -1,6 +1,7 @@
 // Placement map: the job's nodes grouped by NVLink domain or leaf switch; each GPU a cell
 // coloured by TP group (no group colour is red: red is the culprit's ring), with its PP stage
-// as a top stripe and its DP index as a label. A node whose GPUs are all NVSwitch-connected
+// as a top stripe and its DP index as a label (plus its EP / CP coordinate when the job has
+// those dims). A node whose GPUs are all NVSwitch-connected
 // gets one bar; otherwise a GPU's NVLinks are drawn while it is hovered or focused, so a
 // DGX-1's 16 links stay readable. Focus a cell and press Enter (or click) to select its rank.
 "use strict";
@@ -16,7 +17,7 @@ window.MYPlacement = (function () {
   }
 
   function meshSizes(ranks) {
-    const size = { pp: 1, dp_replicate: 1, dp_shard: 1, tp: 1 };
+    const size = { pp: 1, dp_replicate: 1, dp_shard: 1, ep: 1, cp: 1, tp: 1 };
     for (const r of ranks) {
       for (const k of Object.keys(size)) {
         const v = r.coords && Number.isInteger(r.coords[k]) ? r.coords[k] : 0;
@@ -118,7 +119,8 @@ window.MYPlacement = (function () {
     g.setAttribute("data-dp", String(dp));
     g.setAttribute("tabindex", "0");
     g.setAttribute("role", "button");
-    const coord = (ctx.size.pp > 1 ? "p" + (c.pp || 0) + " " : "") + "d" + dp;
+    const coord = (ctx.size.pp > 1 ? "p" + (c.pp || 0) + " " : "") + "d" + dp +
+      (ctx.size.ep > 1 ? " e" + (c.ep || 0) : "") + (ctx.size.cp > 1 ? " c" + (c.cp || 0) : "");
     const sub = culprit ? "CULPRIT" : (cpuOnly ? "cpu" : "g" + slot);
     g.setAttribute("aria-label", `rank ${rank.rank}` + (culprit ? " (culprit)" : "") +
       ` on ${rank.node || "?"}${cpuOnly ? "" : " GPU " + slot}`);
@@ -132,7 +134,9 @@ window.MYPlacement = (function () {
     if (culprit) {
       g.appendChild(svg("rect", { x: p.x - 2.5, y: p.y - 2.5, width: CELL + 5, height: CELL + 5, rx: 6, class: "pm-culprit-ring" }));
     }
-    g.appendChild(svg("title", {}, `rank ${rank.rank} · pp ${c.pp || 0} · dp ${dp} · tp ${c.tp || 0}` +
+    g.appendChild(svg("title", {}, `rank ${rank.rank} · pp ${c.pp || 0} · dp ${dp}` +
+      (ctx.size.ep > 1 ? ` · ep ${c.ep || 0}` : "") + (ctx.size.cp > 1 ? ` · cp ${c.cp || 0}` : "") +
+      ` · tp ${c.tp || 0}` +
       ` · TP group ${tpGroup} · ${rank.node || "?"}${cpuOnly ? "" : " GPU " + slot}` +
       (culprit ? " · CULPRIT" : "") + ` · ${rank.state}`));
     g.addEventListener("click", () => ctx.onSelect && ctx.onSelect(rank.rank));

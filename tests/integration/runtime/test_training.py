@@ -34,7 +34,8 @@ def test_gang_lands_where_planned_and_trains(runtime, store):
     assert ranks[0].node_id != ranks[2].node_id
     assert {(r.node_id, r.gpu) for r in ranks} == {(b["node_id"], b["gpu"])
                                                   for b in plan["bundles"]}
-    assert ranks[3].coords == {"pp": 0, "dp_replicate": 0, "dp_shard": 1, "tp": 1}
+    assert ranks[3].coords == {"pp": 0, "dp_replicate": 0, "dp_shard": 1, "ep": 0,
+                              "cp": 0, "tp": 1}
     states = [e.dst for e in store.list_events(job_id) if e.kind == "state"]
     assert states == ["QUEUED", "PLACING", "STARTING", "RUNNING", "SUCCEEDED"], [
         (e.dst, e.reason, e.message[:200]) for e in store.list_events(job_id)]
@@ -94,3 +95,26 @@ def test_crash_beyond_max_failures_fails_with_the_grouped_error(runtime, store):
     assert sum(g["count"] for g in groups) <= 2
     assert err.data["failed_nodes"] == [groups[0]["nodes"][0]]
     assert job.message.startswith("rank 0 on")  # the rank that died, not a peer's fallout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_expert_parallel_job_trains_with_each_ep_group_on_one_node(runtime, store):
+    """ep=2 x dp_shard=2 on two 2-GPU nodes: the solver puts each EP group (ranks 0-1, 2-3:
+    the all-to-all) on one node and the FSDP pairs (0, 2), (1, 3) across; the MoE job trains
+    through the runtime (Ray actors, gloo)."""
+    from tests.integration.runtime.conftest import TINY_MODEL
+
+    job_id = submit(store, tiny_spec(
+        "moe-ep", parallelism={"ep": 2, "dp_shard": 2},
+        model={**TINY_MODEL, "moe": {"experts": 4, "top_k": 2}},
+        checkpoint={"enabled": False}))
+    job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=240)
+    assert job.state == JobState.SUCCEEDED, job.message
+    ranks = store.list_ranks(job_id)
+    assert [r.coords["ep"] for r in ranks] == [0, 1, 0, 1]
+    assert ranks[0].node_id == ranks[1].node_id and ranks[2].node_id == ranks[3].node_id
+    assert ranks[0].node_id != ranks[2].node_id
+    losses = [m.loss for m in store.list_metrics(job_id, rank=0)]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert any("dp=ep-fsdp" in log.line for log in store.list_logs(job_id, rank=0))

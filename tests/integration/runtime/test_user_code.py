@@ -49,8 +49,8 @@ def test_script_with_own_api_workers_orchestrator_runs_on_fake_gpus(runtime, sto
         assert env["TORCHELASTIC_RUN_ID"] == job_id and env["MESHYARD_ATTEMPT"] == "1"
         # The job's GPUs on this node, in local-rank order: cuda:LOCAL_RANK is this rank's.
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(p.gpu) for p in peers)
-        assert env["MESHYARD_MESH_DIM_NAMES"] == "pp,dp_replicate,dp_shard,tp"
-        assert env["MESHYARD_MESH_SHAPE"] == "1,2,1,2"
+        assert env["MESHYARD_MESH_DIM_NAMES"] == "pp,dp_replicate,dp_shard,ep,cp,tp"
+        assert env["MESHYARD_MESH_SHAPE"] == "1,2,1,1,1,2"
         assert env["MESHYARD_CHECKPOINT_DIR"] == str((run / "checkpoints").resolve())
         assert env["MY_SETTING"] == "on" and "MESHYARD_ADMIN_TOKEN" not in env
         assert got["argv"][1:] == ["--flag"] and got["sum"] == 10.0

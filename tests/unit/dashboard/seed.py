@@ -46,14 +46,19 @@ def seed_cluster(store: Store, path: Path = CLUSTER_FILE) -> list[str]:
 
 
 def spec_doc(name: str, *, tp: int = 1, pp: int = 1, dp_shard: int = 1, dp_replicate: int = 1,
-             steps: int = 100) -> dict[str, Any]:
-    return {"name": name, "version": 1,
-            "parallelism": {"tp": tp, "pp": pp, "dp_shard": dp_shard,
-                            "dp_replicate": dp_replicate,
-                            "pp_microbatches": pp},
-            "model": {"kind": "gpt", "n_layers": max(2, pp * 2), "n_heads": 8, "d_model": 64,
-                      "vocab_size": 256, "seq_len": 64},
-            "training": {"steps": steps, "micro_batch_size": 8}}
+             ep: int = 1, steps: int = 100) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": name, "version": 1,
+        "parallelism": {"tp": tp, "pp": pp, "dp_shard": dp_shard, "dp_replicate": dp_replicate,
+                        "pp_microbatches": pp},
+        "model": {"kind": "gpt", "n_layers": max(2, pp * 2), "n_heads": 8, "d_model": 64,
+                  "vocab_size": 256, "seq_len": 64},
+        "training": {"steps": steps, "micro_batch_size": 8}}
+    if ep > 1:  # expert parallel: a MoE model, no checkpoints
+        doc["parallelism"]["ep"] = ep
+        doc["model"]["moe"] = {"experts": ep * 2}
+        doc["checkpoint"] = {"enabled": False}
+    return doc
 
 
 def submit(store: Store, doc: dict[str, Any], *, owner: str = "admin") -> JobRecord:
@@ -80,7 +85,7 @@ def place(store: Store, job: JobRecord, nodes: list[str], *, gpus_per_node: int 
     """Starts an attempt and writes ranks packed onto `nodes` in rank order."""
     p = job.spec["parallelism"]
     mesh = MeshShape(pp=p["pp"], dp_replicate=p["dp_replicate"], dp_shard=p["dp_shard"],
-                     tp=p["tp"])
+                     ep=p.get("ep", 1), cp=p.get("cp", 1), tp=p["tp"])
     attempt = store.start_attempt(job.id, placement={"nodes": nodes}).number
     now = datetime.now(UTC)
     ranks = [{"rank": r, "node": nodes[r // gpus_per_node], "node_id": None,

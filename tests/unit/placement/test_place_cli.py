@@ -33,7 +33,8 @@ def test_place_json_contract(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["ranks"][0] == {"rank": 0, "node": "node-a", "node_key": "node-a", "gpu": 0,
-                               "coords": {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}}
+                               "coords": {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "ep": 0,
+                                          "cp": 0, "tp": 0}}
     assert [(r["node"], r["gpu"]) for r in out["ranks"][8:10]] == [("node-b", 0), ("node-b", 1)]
     dims = {d["dimension"]: d for d in out["estimate"]["dimensions"]}
     assert dims["tp"]["bottleneck"] == "NV18" and out["estimate"]["total_s"] > 0

@@ -208,7 +208,7 @@ def test_assign_ranks_is_row_major_pp_dpr_dps_tp() -> None:
     mesh = MeshShape(pp=2, dp_replicate=1, dp_shard=2, tp=2)
     ranks = assign_ranks(c, mesh, {"n": list(range(8))})
     assert [dict(r.coords) for r in ranks][5] == {"pp": 1, "dp_replicate": 0, "dp_shard": 0,
-                                                  "tp": 1}
+                                                  "ep": 0, "cp": 0, "tp": 1}
     assert [r.gpu for r in ranks] == list(range(8))
 
 

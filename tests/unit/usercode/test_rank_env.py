@@ -69,8 +69,8 @@ def test_rank_env_is_torchrun_compatible_plus_meshyards_own() -> None:
               "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2",
               "TORCHELASTIC_RUN_ID": "job-1", "CUDA_VISIBLE_DEVICES": "6,5",
               "MESHYARD_JOB_ID": "job-1", "MESHYARD_ATTEMPT": "2",
-              "MESHYARD_MESH_DIM_NAMES": "pp,dp_replicate,dp_shard,tp",
-              "MESHYARD_MESH_SHAPE": "1,1,2,2", "MESHYARD_ZERO_STAGE": "3",
+              "MESHYARD_MESH_DIM_NAMES": "pp,dp_replicate,dp_shard,ep,cp,tp",
+              "MESHYARD_MESH_SHAPE": "1,1,2,1,1,2", "MESHYARD_ZERO_STAGE": "3",
               "MESHYARD_CHECKPOINT_DIR": "/runs/job-1/checkpoints",
               proto.REPORT_FILE: "/r.jsonl", proto.PARENT_PID: "77",
               "NCCL_DEBUG": "WARN", "WANDB_MODE": "offline", "PATH": "/bin"}
