@@ -20,6 +20,7 @@ analyzer's per-rank summary (orchestrator/watchdog/probe_files.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -145,7 +146,8 @@ def last_error_line(path: Path, *, max_bytes: int = 16 * 1024) -> str | None:
         return None
     hits = [ln.strip() for ln in lines if _ERROR_LINE.search(ln)]
     what = [ln for ln in hits if "what():" in ln]
-    return ((what or hits or [None])[-1] or "")[:500] or None
+    found = what or hits
+    return found[-1][:500] if found else None
 
 
 def _setup_failure(a: RankAssignment, message: str) -> RankResult:
@@ -221,7 +223,7 @@ def rank_evidence(a: RankAssignment, *, request: dict[str, Any],
     pid = hb.get("pid")
     info = probe_files.await_answer(
         out, request_id=request_id, timeout_s=PROBE_ANSWER_S,
-        alive=(lambda: alive(int(pid))) if isinstance(pid, int) else None)
+        alive=functools.partial(alive, pid) if isinstance(pid, int) else None)
     if info is None:
         return None
     logs = [str(a.log_path("stderr"))]

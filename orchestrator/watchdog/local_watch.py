@@ -26,6 +26,7 @@ A hang ends the job (SIGTERM to the launcher's process group, SIGKILL after a gr
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -221,7 +222,7 @@ class LocalWatch:
             pid = self._pids[r]
             info = probe_files.await_answer(out, request_id=stamp,
                                             timeout_s=max(0.1, deadline - time.monotonic()),
-                                            alive=lambda p=pid: _alive(p))
+                                            alive=functools.partial(_alive, pid))
             if info is None:
                 continue
             logs = [self.out / "nccl" / f"{self.host}.{pid}.log",

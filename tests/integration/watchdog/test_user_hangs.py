@@ -208,3 +208,30 @@ def test_healthy_script_gets_no_report(service):
     job = service.wait_terminal(job_id)
     assert job["state"] == "SUCCEEDED", (job["failure_reason"], job["message"])
     assert service.reports(job_id) == []
+
+
+def test_stacks_now_come_from_inside_the_rank_processes(service):
+    """"Stacks now" on a user-code job: the probe in each rank process answers (the worker
+    actor's own threads would say nothing about the script)."""
+    job_id = service.submit("non_collective", 0, world=2, stall_timeout_s=120,
+                            first_step_timeout_s=120, action="observe")
+    deadline = time.monotonic() + 120
+    out = service.runs / job_id / "logs" / "attempt-1"
+    while not all("reached the fault" in (p.read_text() if p.exists() else "")
+                  for p in (out / "rank-0.stdout", out / "rank-1.stdout")):
+        assert time.monotonic() < deadline, service.job(job_id)
+        time.sleep(0.3)
+    asked = service.client.post(f"/v1/jobs/{job_id}/stacks", headers=service.auth)
+    assert asked.status_code == 202, asked.text
+    url = asked.headers["Location"]
+    while (got := service.client.get(url, headers=service.auth).json())["state"] not in (
+            "done", "failed"):
+        assert time.monotonic() < deadline, got
+        time.sleep(0.3)
+    service.client.post(f"/v1/jobs/{job_id}/cancel", headers=service.auth)
+    assert got["state"] == "done" and got["ranks_answered"] == 2, got
+    training = [g for g in got["groups"] if g["training"]]
+    assert training and training[0]["ranks"] == [0, 1]
+    assert "in wait_for_data" in training[0]["stack"] and "hangs.py" in training[0]["stack"]
+    assert service.reports(job_id) == []
+    assert service.wait_terminal(job_id)["state"] == "CANCELLED"

@@ -53,7 +53,9 @@ def test_watch_names_rank_0_that_never_joined_and_diagnose_reads_the_evidence(tm
 def test_watch_names_the_rank_that_returned_early(tmp_path):
     out = tmp_path / "ev"
     res, _ = _watch(out, "exited", "1")
-    assert res.returncode == 3, res.stderr[-3000:]
+    # 3 when watch ended the job; torchrun's own 1 when rank 0's "Connection closed" error
+    # ended it first (the report then comes from the last look at the ranks' exits).
+    assert res.returncode in (1, 3), res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "RANK_EXITED" and 1 in report["culprit_ranks"]
 
@@ -67,10 +69,11 @@ def test_watch_names_the_rank_that_returned_early(tmp_path):
 def test_watch_scenarios(tmp_path, scenario, verdicts, culprits):
     out = tmp_path / "ev"
     res, took = _watch(out, scenario, "1" if scenario == "mismatch" else "0")
+    assert (out / "report.json").exists(), res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     print(f"\n[watch] {scenario}: {report['verdict']} {report['culprit_ranks']} in {took:.1f} s"
           f" | {report['summary']}")
-    assert res.returncode == 3, res.stderr[-3000:]
+    assert res.returncode in ((3, -6, 1) if scenario == "mismatch" else (3,)), res.returncode
     assert report["verdict"] in verdicts and report["culprit_ranks"] == culprits
     if scenario != "mismatch":
         assert "hangs.py:" in report["summary"] or "hangs.py:" in str(report["evidence"])
