@@ -30,6 +30,7 @@ from api.routes import (
     job_data,
     jobs,
     logs,
+    nodes,
     packages,
     plans,
     stacks,
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     metrics = HttpMetrics()
     metrics.add_job_counts(store.job_counts_by_state)
     metrics.add_job_conditions(store.active_jobs)
+    metrics.add_node_health(lambda: nodes.statuses(store, settings))
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()
@@ -115,7 +117,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, stacks, cluster, plans, tokens, users, packages):
+    for module in (jobs, job_data, logs, stacks, cluster, nodes, plans, tokens, users,
+                   packages):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)

@@ -61,6 +61,8 @@ class Reason(StrEnum):
     WORKERS_STOPPED = "WORKERS_STOPPED"
     REQUEUED = "REQUEUED"
     PROGRESS_RESUMED = "PROGRESS_RESUMED"
+    NODE_CORDONED = "NODE_CORDONED"  # the node health ledger took a node of the job out
+    NODE_SUSPECT = "NODE_SUSPECT"
 
 
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,

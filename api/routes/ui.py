@@ -40,6 +40,7 @@ from api.dashboard.session import (
 )
 from api.deps import SettingsDep, StoreDep
 from api.errors import NotFound
+from api.routes.nodes import statuses as node_statuses
 from orchestrator.access import may_submit
 from orchestrator.limits import INT32_MAX
 from orchestrator.placement.holds import gpu_holds
@@ -204,13 +205,15 @@ def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
 
 
 @router.get("/cluster", response_class=HTMLResponse)
-def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Response:
+def cluster_page(request: Request, session: SessionDep, store: StoreDep,
+                 settings: SettingsDep) -> Response:
     nodes = store.list_nodes()
     levels = views.cluster_levels(nodes)
     now = views.cluster_now(nodes, views.gpu_usage(gpu_holds(store), viewer=session.user))
+    health = {s.name: views.health_cell(s) for s in node_statuses(store, settings)}
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
                 tree=views.level_tree(nodes, levels), nodes=now.nodes, total=now.total,
-                used=now.used)
+                used=now.used, health=health)
 
 
 @router.get("/cluster.json")

@@ -8,6 +8,8 @@ The poller is the only writer of what the controllers report. Per active job, ea
 It applies decisions, it does not make them: after a failed attempt `policy.restart_decision`
 says restart, fail or finish a cancel. Besides that:
   * CANCELLING -> controller.cancel(); CANCELLED once it reports (or forcibly after 8 s);
+  * evidence about nodes (a diagnosis, a failed attempt's errors) goes to the node health
+    ledger (runtime/health.py), which may cordon a node before the restart is placed;
   * controller gone (control plane was down, node lost): PLACING -> requeue; STARTING /
     RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy.
 """
@@ -23,6 +25,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from orchestrator.health import HealthPolicy
 from orchestrator.lifecycle import ACTIVE_STATES, AttemptState, IllegalTransition, JobState, Reason
 from orchestrator.placement.gang_plan import Pending, PendingKind
 from orchestrator.runtime.controller import find_controller
@@ -50,6 +53,7 @@ from orchestrator.runtime.events import (
     parse_pg_name,
     pg_name,
 )
+from orchestrator.runtime.health import record_diagnosis, record_failure
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
 from orchestrator.runtime.stack_requests import record_stacks, serve_stack_requests
 from orchestrator.spec import WatchdogAction, parse_spec
@@ -94,8 +98,10 @@ def _rank_row(r: RankStatus) -> dict[str, Any]:
 
 
 class Poller:
-    def __init__(self, store: Store, *, launching: set[str] | None = None) -> None:
+    def __init__(self, store: Store, *, launching: set[str] | None = None,
+                 health_policy: HealthPolicy | None = None) -> None:
         self.store = store
+        self.health_policy = health_policy or HealthPolicy()
         # Jobs the scheduler is placing right now (PLACING written, controller not yet
         # created): not "lost". Shared with the scheduler; set operations are atomic.
         self.launching = launching if launching is not None else set()
@@ -217,11 +223,12 @@ class Poller:
                 pending = Pending(PendingKind.PLACEMENT_TIMEOUT, message, waited_s=waited)
                 self.store.set_pending_reason(job_id, pending.to_dict())
             case Failed() as f:
+                groups = [g.to_dict() for g in f.groups]
+                record_failure(self.store, groups, job_id=job_id, policy=self.health_policy)
                 failure = AttemptFailure(attempt=n, failed_nodes=f.failed_nodes,
                                          avoid_nodes=f.avoid_nodes)
                 self._attempt_failed(job_id, n, reason=f.reason, message=f.message,
-                                     data=failure.event_data(
-                                         groups=[g.to_dict() for g in f.groups]),
+                                     data=failure.event_data(groups=groups),
                                      final=f.hang_action == WatchdogAction.FAIL)
 
     def _record_diagnosis(self, job_id: str, n: int, d: Diagnosis) -> None:
@@ -244,7 +251,9 @@ class Poller:
         self.store.add_event(job_id, kind=kind, reason=verdict,
                              message=f"diagnosis (attempt {n}): {d.report.summary}",
                              data={"verdict": verdict, "culprit_ranks": culprits,
-                                   "attempt": n})
+                                   "attempt": n, "diagnosis_id": stored.id})
+        record_diagnosis(self.store, d.report, job_id=job_id, diagnosis_id=stored.id,
+                         policy=self.health_policy)
 
     def _maybe_clear_condition(self, job_id: str, n: int, rows: Any) -> None:
         condition = self._conditions.get(job_id)
