@@ -81,6 +81,7 @@ class FaultKind(StrEnum):
     SLOW = "slow"
     P2P_STALL = "p2p_stall"
     USER_HANG = "user_hang"
+    NIC_HANG = "nic_hang"  # a hang with a NIC error in the rank's log (hardware evidence)
 
 
 class WatchdogAction(StrEnum):
