@@ -11,7 +11,9 @@ says restart, fail or finish a cancel. Besides that:
   * evidence about nodes (a diagnosis, a failed attempt's errors) goes to the node health
     ledger (runtime/health.py), which may cordon a node before the restart is placed;
   * controller gone (control plane was down, node lost): PLACING -> requeue; STARTING /
-    RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy.
+    RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy, after the
+    metrics its workers reported after the last poll are read from their files
+    (runtime/metrics_files.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -54,6 +57,7 @@ from orchestrator.runtime.events import (
     pg_name,
 )
 from orchestrator.runtime.health import record_diagnosis, record_failure
+from orchestrator.runtime.metrics_files import ingest_attempt_files
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
 from orchestrator.runtime.stack_requests import record_stacks, serve_stack_requests
 from orchestrator.spec import WatchdogAction, parse_spec
@@ -99,8 +103,10 @@ def _rank_row(r: RankStatus) -> dict[str, Any]:
 
 class Poller:
     def __init__(self, store: Store, *, launching: set[str] | None = None,
-                 health_policy: HealthPolicy | None = None) -> None:
+                 health_policy: HealthPolicy | None = None,
+                 runs_dir: Path | None = None) -> None:
         self.store = store
+        self.runs_dir = runs_dir  # where the attempts' metrics files are (metrics_files.py)
         self.health_policy = health_policy or HealthPolicy()
         # Jobs the scheduler is placing right now (PLACING written, controller not yet
         # created): not "lost". Shared with the scheduler; set operations are atomic.
@@ -344,10 +350,22 @@ class Poller:
             self._move(job.id, JobState.QUEUED, Reason.CONTROLLER_LOST,
                        "the controller was lost before training started; placing again")
         elif job.state in ACTIVE_STATES:
+            self._recover_metrics(job)
             self._attempt_failed(job.id, n, reason=Reason.CONTROLLER_LOST,
                                  message="the attempt's controller is gone (its node or the "
                                  "control plane died while it ran)",
                                  data={"failed_nodes": [], "attempt": n})
+
+    def _recover_metrics(self, job: JobRecord) -> None:
+        """The rows the lost attempt's workers reported after the last poll (their files)."""
+        if self.runs_dir is None or not job.current_attempt:
+            return
+        try:
+            ingest_attempt_files(self.store, job_id=job.id, attempt=job.current_attempt,
+                                 run_dir=self.runs_dir / job.id, world_size=job.world_size)
+        except Exception:  # noqa: BLE001 - recovering metrics must not block the restart
+            log.exception("recovering the metrics of %s attempt %d failed", job.id,
+                          job.current_attempt)
 
     def _cleanup(self, job_id: str, n: int) -> None:
         kill_controller(job_id, n)

@@ -184,7 +184,8 @@ class Runtime:
         self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
         self.scheduler: Scheduler | None = None
         self.poller = Poller(self.store, launching=self._launching,
-                             health_policy=settings.health_policy())
+                             health_policy=settings.health_policy(),
+                             runs_dir=Path(settings.resolved_runs_dir).resolve())
         self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
@@ -269,7 +270,8 @@ class Runtime:
         replays from the stored cursors; orphans are swept; nodes are registered."""
         self._elected.clear()
         self.poller = Poller(self.store, launching=self._launching,
-                             health_policy=self.settings.health_policy())
+                             health_policy=self.settings.health_policy(),
+                             runs_dir=Path(self.settings.resolved_runs_dir).resolve())
         self.register_nodes()
         self.poller.tick()
         sweep_orphans(self.store, launching=self._launching)
