@@ -44,6 +44,9 @@ from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
 from orchestrator.store.repo import Store
 
+# Goodput is computed per job at scrape time (three reads each): the first N active jobs.
+MAX_GOODPUT_SERIES = 200
+
 
 class Runtime(Protocol):
     def start(self) -> Any: ...  # may return an awaitable
@@ -110,6 +113,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     metrics.add_job_counts(store.job_counts_by_state)
     metrics.add_job_conditions(store.active_jobs)
     metrics.add_node_health(lambda: nodes.statuses(store, settings))
+    metrics.add_goodput(lambda: [(j, job_data.job_goodput(j, store).ratio)
+                                 for j in store.active_jobs()[:MAX_GOODPUT_SERIES]])
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()

@@ -123,6 +123,33 @@ class NodeHealthCollector(Collector):
                                   "GPUs cordoned on their own, per node.", labels=["node"]))
 
 
+class GoodputCollector(Collector):
+    """Each active job's goodput ratio (productive / wall time so far), at scrape time."""
+
+    def __init__(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
+        self._ratios = ratios
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            ratios = self._ratios()
+        except Exception:  # the HTTP metrics still answer when the DB is down
+            log.warning("goodput unavailable for /metrics", exc_info=True)
+            return
+        family = self._family()
+        for job, ratio in ratios:
+            family.add_metric([job.id, job.name], ratio)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("meshyard_job_goodput_ratio",
+                                 "Productive share of an active job's wall time so far.",
+                                 labels=["job_id", "job"])
+
+
 class HttpMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -147,6 +174,9 @@ class HttpMetrics:
 
     def add_node_health(self, statuses: Callable[[], list[NodeStatus]]) -> None:
         self.registry.register(NodeHealthCollector(statuses))
+
+    def add_goodput(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
+        self.registry.register(GoodputCollector(ratios))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -392,3 +392,22 @@ class CordonBody(BaseModel):
     reason: str = Field(default="", max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$",
                         description="Why (kept with the node's evidence).")
     permanent: bool = Field(default=False, description="Until an admin uncordons it.")
+
+
+class GoodputSegment(_Out):
+    start: float = Field(description="Unix time in seconds.")
+    end: float
+    kind: str = Field(description="queued | starting | productive | recomputed | hung | "
+                      "recovering | stopping")
+    attempt: int
+    seconds: float
+
+
+class GoodputOut(_Out):
+    """Where a job's wall time went (GET /v1/jobs/{id}/goodput)."""
+
+    wall_s: float = Field(description="Submit to the terminal state (or now).")
+    ratio: float = Field(description="productive / wall_s")
+    seconds: dict[str, float] = Field(description="Per bucket; they add up to wall_s.")
+    steps_recomputed: int = Field(description="Steps redone after restarts.")
+    segments: list[GoodputSegment]

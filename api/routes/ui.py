@@ -40,6 +40,7 @@ from api.dashboard.session import (
 )
 from api.deps import SettingsDep, StoreDep
 from api.errors import NotFound
+from api.routes.job_data import job_goodput
 from api.routes.nodes import statuses as node_statuses
 from orchestrator.access import may_submit
 from orchestrator.limits import INT32_MAX
@@ -189,7 +190,8 @@ def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep
                 spec_yaml=views.spec_yaml(job.spec),
                 plan=next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"),
                           None),
-                levels=views.cluster_levels(store.list_nodes()))
+                levels=views.cluster_levels(store.list_nodes()),
+                goodput=job_goodput(job, store).to_dict())
 
 
 @router.get("/jobs/{job_id}/comm.json")

@@ -57,3 +57,11 @@ def test_hang_with_hardware_evidence_cordons_the_node_and_resumes_elsewhere(runt
     # the loss continued: the second attempt resumed from the checkpoint, not from step 0
     steps = sorted({m.step for m in store.list_metrics(job_id) if m.attempt == 2})
     assert steps and steps[0] > 1 and steps[-1] == 8
+
+    # the goodput ledger of this job with a restart adds up to its wall time
+    from api.routes.job_data import job_goodput
+
+    g = job_goodput(job, store)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+    assert g.seconds["hung"] > 0 and g.seconds["recovering"] > 0
+    assert g.seconds["productive"] > 0 and 0 < g.ratio < 1
