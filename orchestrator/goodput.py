@@ -6,7 +6,8 @@ time by construction:
 
     QUEUED before the first attempt                   queued
     PLACING, STARTING, RUNNING up to the first step   starting (placement, pre-flight, process
-      of the first attempt                              start, first step)
+      of the first attempt (one window per attempt:     start, first step)
+      its steps split it, not the RUNNING event)
     RUNNING, steps no earlier attempt reached         productive (a successful attempt's
                                                         time after its last step too: the final
                                                         checkpoint and exit)
@@ -35,6 +36,9 @@ from typing import Any
 
 BUCKETS = ("queued", "starting", "productive", "recomputed", "hung", "recovering", "stopping")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+# An attempt's placement, start and run are one window split by its steps: the RUNNING
+# transition is written when the poller sees the first step, which can be after a few steps.
+_ATTEMPT_STATES = ("PLACING", "STARTING", "RUNNING")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class Goodput:
 
 def _running(start: float, end: float, *, attempt: int, steps: Sequence[tuple[int, float]],
              reached: int, detected: float | None, succeeded: bool) -> list[Segment]:
-    """One RUNNING interval of `attempt` split by its steps (step, completed at)."""
+    """One attempt's window (PLACING -> its end) split by its steps (step, completed at)."""
     inside = sorted((s, t) for s, t in steps if start <= t <= end)
     cut = detected if detected is not None and start <= detected <= end else None
     before = "starting" if attempt <= 1 else "recovering"
@@ -111,30 +115,36 @@ def goodput(*, events: Sequence[tuple[float, str, int]],
     segments: list[Segment] = []
     reached = 0  # the highest step any earlier attempt completed
     seen_attempts: list[int] = []
-    for i, (at, state, attempt) in enumerate(events):
+    i = 0
+    while i < len(events):
+        at, state, attempt = events[i]
         if state in TERMINAL:
             break
-        end = events[i + 1][0] if i + 1 < len(events) else now
-        nxt = events[i + 1][1] if i + 1 < len(events) else None
+        j = i + 1
+        if state in _ATTEMPT_STATES:  # one window: placement -> the attempt's end
+            while j < len(events) and events[j][1] in _ATTEMPT_STATES \
+                    and events[j][2] == attempt:
+                j += 1
+        end = events[j][0] if j < len(events) else now
+        nxt = events[j][1] if j < len(events) else None
         if attempt and attempt not in seen_attempts:
             seen_attempts.append(attempt)
             reached = max((s for a in seen_attempts[:-1] for s, _ in steps.get(a, ())),
                           default=0)
-        first = not seen_attempts or seen_attempts[0] == attempt and len(seen_attempts) == 1
+        first = len(seen_attempts) <= 1
         if state == "QUEUED":
             segments.append(Segment(at, end, "queued" if attempt == 0 else "recovering",
                                     attempt))
-        elif state in ("PLACING", "STARTING"):
-            segments.append(Segment(at, end, "starting" if first else "recovering", attempt))
-        elif state == "RUNNING":
+        elif state in _ATTEMPT_STATES:
             segments += _running(at, end, attempt=attempt, steps=steps.get(attempt, ()),
-                                 reached=reached if not first else 0,
+                                 reached=0 if first else reached,
                                  detected=detections.get(attempt),
                                  succeeded=nxt == "SUCCEEDED")
         elif state == "CANCELLING":
             segments.append(Segment(at, end, "stopping", attempt))
         else:  # RESTARTING
             segments.append(Segment(at, end, "recovering", attempt))
+        i = j
     segments = [s for s in segments if s.end > s.start]
     seconds = dict.fromkeys(BUCKETS, 0.0)
     for s in segments:

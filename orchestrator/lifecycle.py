@@ -49,6 +49,7 @@ class Reason(StrEnum):
     MAX_FAILURES = "MAX_FAILURES"
     CONTROLLER_LOST = "CONTROLLER_LOST"
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    PREFLIGHT_FAILED = "PREFLIGHT_FAILED"  # a link of the placement failed the check
     # non-failure reasons
     SUBMITTED = "SUBMITTED"
     PLACEMENT_FOUND = "PLACEMENT_FOUND"
@@ -68,7 +69,7 @@ class Reason(StrEnum):
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,
                              Reason.SETUP_ERROR, Reason.WORKER_CRASH, Reason.HANG_DETECTED,
                              Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
-                             Reason.INTERNAL_ERROR})
+                             Reason.INTERNAL_ERROR, Reason.PREFLIGHT_FAILED})
 
 class AttemptState(StrEnum):
     """An attempt's row in the store. RUNNING from the moment it is placed until it ends."""

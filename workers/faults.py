@@ -30,6 +30,9 @@ kind looks like to the hang watchdog (heartbeats + Flight Recorder):
   (the line NCCL's IB plugin prints when a NIC fails, ``NIC_ERROR_LINE``) to its stderr, which
   the evidence round reads as that rank's NCCL errors: a hang with hardware evidence on one
   node. Verdict: a rank that never joined, whose node the health policy cordons.
+* ``slow_send`` — rank R's pre-flight sends start ``seconds`` late (every attempt it fires
+  in): its receiver's p2p timing is far below its peers', so the pre-flight check fails the
+  attempt before step 1 naming R, and R's node is cordoned and routed around.
 * ``p2p_stall`` — pipeline stage rank R never sends at step S (blocks in
   ``_p2p_stall_forever``); its peer waits in recv. Verdict: P2P_MISMATCH.
 
@@ -136,6 +139,12 @@ class FaultInjector:
                   f"at step {step}", file=sys.stderr, flush=True)
             return CollectiveAction.MISMATCH
         return CollectiveAction.RUN
+
+    def before_send(self) -> None:
+        """Pre-flight hook: called just before this rank posts a send."""
+        f = self.fault
+        if f is not None and f.kind == FaultKind.SLOW_SEND and f.rank == self.rank:
+            time.sleep(f.seconds)
 
     def maybe_p2p_stall(self, step: int) -> None:
         """Pipeline hook: call just before this stage sends at ``step``."""

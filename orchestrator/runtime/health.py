@@ -25,6 +25,7 @@ from orchestrator.health import (
     evidence_from_diagnosis,
     evidence_from_failure,
     health_view,
+    preflight_evidence,
 )
 from orchestrator.lifecycle import Reason
 from orchestrator.store.repo import Store
@@ -91,6 +92,16 @@ def record_failure(store: Store, groups: Iterable[Mapping[str, Any]], *, job_id:
                    policy: HealthPolicy) -> list[NodeHealth]:
     now = time.time()
     evs = evidence_from_failure(groups, job_id=job_id, at=now)
+    return record_evidence(store, evs, policy=policy, job_id=job_id, now=now) if evs else []
+
+
+def record_preflight(store: Store, nodes: Sequence[str], *, message: str, job_id: str,
+                     policy: HealthPolicy) -> list[NodeHealth]:
+    """A failed pre-flight check: its culprit's node is cordoned when it names one node,
+    each named node is suspect when it names several."""
+    now = time.time()
+    evs = [preflight_evidence(node=n, reason=message, job_id=job_id, at=now,
+                              cordon=len(nodes) == 1) for n in nodes]
     return record_evidence(store, evs, policy=policy, job_id=job_id, now=now) if evs else []
 
 

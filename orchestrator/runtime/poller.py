@@ -56,7 +56,7 @@ from orchestrator.runtime.events import (
     parse_pg_name,
     pg_name,
 )
-from orchestrator.runtime.health import record_diagnosis, record_failure
+from orchestrator.runtime.health import record_diagnosis, record_failure, record_preflight
 from orchestrator.runtime.metrics_files import ingest_attempt_files
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
 from orchestrator.runtime.stack_requests import record_stacks, serve_stack_requests
@@ -230,7 +230,12 @@ class Poller:
                 self.store.set_pending_reason(job_id, pending.to_dict())
             case Failed() as f:
                 groups = [g.to_dict() for g in f.groups]
-                record_failure(self.store, groups, job_id=job_id, policy=self.health_policy)
+                if f.reason == Reason.PREFLIGHT_FAILED:
+                    record_preflight(self.store, f.avoid_nodes, message=f.message,
+                                     job_id=job_id, policy=self.health_policy)
+                else:
+                    record_failure(self.store, groups, job_id=job_id,
+                                   policy=self.health_policy)
                 failure = AttemptFailure(attempt=n, failed_nodes=f.failed_nodes,
                                          avoid_nodes=f.avoid_nodes)
                 self._attempt_failed(job_id, n, reason=f.reason, message=f.message,
@@ -285,10 +290,11 @@ class Poller:
                              message=f"attempt {n} failed: {message}", data=data)
         job = self.store.get_job(job_id)
         assert job is not None
-        failed = sum(1 for a in self.store.list_attempts(job_id)
-                     if a.state == AttemptState.FAILED)
+        ended = [a for a in self.store.list_attempts(job_id) if a.state == AttemptState.FAILED]
+        checks = sum(1 for a in ended if a.failure_reason == Reason.PREFLIGHT_FAILED.value)
         decision = restart_decision(
-            attempt=n, failed=failed, reason=reason, message=message,
+            attempt=n, failed=len(ended) - checks, preflight_failed=checks, reason=reason,
+            message=message,
             max_failures=parse_spec(job.spec).fault_tolerance.max_failures,
             hang_action=WatchdogAction.FAIL if final else None,
             cancelling=job.state == JobState.CANCELLING)

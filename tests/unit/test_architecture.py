@@ -36,7 +36,7 @@ WORKERS_MAY_IMPORT = (
     "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
     "orchestrator.watchdog.evidence_files", "orchestrator.planner.calibration.fit",
     "orchestrator.entrypoint", "orchestrator.worker_env", "orchestrator.limits",
-    "orchestrator.packages",
+    "orchestrator.packages", "orchestrator.preflight",
 )
 
 SCRIPT = """

@@ -32,7 +32,7 @@ def test_a_job_with_a_restart_adds_up() -> None:
     assert g.steps_recomputed == 4
     assert g.ratio == pytest.approx(21.0 / 40.0)
     kinds = [x.kind for x in g.segments]
-    assert kinds[:3] == ["queued", "starting", "starting"]
+    assert kinds[:3] == ["queued", "starting", "productive"]
     assert [x.start for x in g.segments] == sorted(x.start for x in g.segments)
     assert all(a.end == b.start for a, b in zip(g.segments[:-1], g.segments[1:], strict=True))  # contiguous
 
@@ -49,3 +49,14 @@ def test_edges_add_up(events: list[tuple[float, str, int]], now: float, wall: fl
     g = goodput(events=events, steps={}, detections={}, now=now)
     assert g.wall_s == wall and sum(g.seconds.values()) == pytest.approx(wall)
     assert g.seconds[bucket] > 0
+
+
+def test_steps_before_the_running_event_still_count() -> None:
+    """The poller writes RUNNING when it first sees a step: steps and the stall before it
+    (a hang at step 3, seen in the same poll as step 1) are still split by the steps."""
+    events = [(0.0, "QUEUED", 0), (1.0, "PLACING", 1), (2.0, "STARTING", 1),
+              (9.0, "RUNNING", 1), (12.0, "RESTARTING", 1), (12.5, "FAILED", 1)]
+    g = goodput(events=events, steps={1: [(1, 4.0), (2, 5.0)]}, detections={1: 8.0}, now=20)
+    assert g.seconds["hung"] == 3.0 and g.seconds["productive"] == 1.0
+    assert g.seconds["starting"] == 3.0 and g.seconds["recovering"] == 4.0 + 0.5
+    assert sum(g.seconds.values()) == g.wall_s == 12.5

@@ -63,5 +63,5 @@ def test_hang_with_hardware_evidence_cordons_the_node_and_resumes_elsewhere(runt
 
     g = job_goodput(job, store)
     assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
-    assert g.seconds["hung"] > 0 and g.seconds["recovering"] > 0
+    assert g.seconds["hung"] > 0 and g.seconds["recovering"] > 0, (g.to_dict(), [(e.at, e.dst, e.data) for e in store.list_events(job_id) if e.kind == "state"], [(d.attempt, d.report.get("details")) for d in store.list_diagnoses(job_id)])
     assert g.seconds["productive"] > 0 and 0 < g.ratio < 1
