@@ -26,14 +26,15 @@ _HARDWARE_LEVELS = ("node",)
 
 # Errors that name one GPU: CUDA / Xid / ECC / NVLink faults as the driver and CUDA print them.
 GPU_ERROR = re.compile(
-    r"cuda error|cudaerror|xid\b|\becc\b|uncorrectable|nvlink|device-side assert|"
-    r"illegal memory access|unspecified launch failure|gpu is lost|fallen off the bus",
+    r"\bcuda error|\bcudaerror|\bxid\b|\becc\b|\buncorrectable\b|\bnvlink\b|"
+    r"device-side assert|illegal memory access|unspecified launch failure|gpu is lost|"
+    r"fallen off the bus",
     re.IGNORECASE)
 # Errors that name the node's network: InfiniBand / RoCE completion errors as NCCL prints them
 # (a NIC serves several GPUs, so the node is the unit).
 NIC_ERROR = re.compile(
-    r"net/ib|ibv_|completion error|got completion|vendor err|rdma|roce|nic error|"
-    r"remote process exited or there was a network error",
+    r"\bnet/ib\b|\bibv_|completion error|got completion|\bvendor err\b|\brdma\b|\broce\b|"
+    r"\bnic error\b",
     re.IGNORECASE)
 DEVICE_ERROR = re.compile(f"{GPU_ERROR.pattern}|{NIC_ERROR.pattern}", re.IGNORECASE)
 

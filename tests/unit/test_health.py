@@ -90,6 +90,12 @@ def test_which_evidence_cordons(report: DiagnosisReport,
     ([{"signature": "RuntimeError: CUDA error", "nodes": ["a", "b"]}], []),  # not one node
     ([{"signature": "ValueError: bad config", "nodes": ["a"]}], []),
     ([{"signature": "WorkerDied: rank died", "nodes": ["?"]}], []),
+    # software deaths whose words contain a pattern's letters ("p-roce-ss", "ecc" ...)
+    ([{"signature": "WorkerDied: worker process died: exit code 43", "nodes": ["a"]}], []),
+    ([{"signature": "RuntimeError: Connection closed by peer [<ADDR>]", "example":
+       "remote process exited or there was a network error", "nodes": ["a"]}], []),
+    ([{"signature": "ValueError: necessary checks failed in nvlinker_config", "nodes": ["a"]}],
+     []),
 ])
 def test_a_rank_dying_with_a_device_error_cordons(groups: list[dict[str, object]],
                                                   expected: list[str]) -> None:
