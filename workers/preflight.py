@@ -58,15 +58,15 @@ def _time_all_reduce(buf: torch.Tensor, group: Any, repeats: int) -> float:
 
 
 def _time_ring(buf: torch.Tensor, out: torch.Tensor, *, rank: int, world: int,
-               repeats: int, faults: FaultInjector) -> float:
+               repeats: int, faults: FaultInjector, group: Any) -> float:
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     best = float("inf")
     for i in range(repeats + 1):
-        dist.barrier()
+        dist.barrier(group=group)
         faults.before_send()
         t0 = time.perf_counter()
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, nxt),
-                                        dist.P2POp(dist.irecv, out, prev)])
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, nxt, group=group),
+                                        dist.P2POp(dist.irecv, out, prev, group=group)])
         works[1].wait()
         took = time.perf_counter() - t0
         works[0].wait()
@@ -87,9 +87,15 @@ def run_preflight(cfg: Preflight, *, mesh: Any, rank: int, device: torch.device,
     timings: dict[str, Any] = {"rank": rank, "bytes": numel * 4, "groups": {}}
     for key, group in _groups(mesh).items():
         timings["groups"][key] = _time_all_reduce(buf, group, cfg.repeats)
-    timings["p2p"] = {"src": (rank - 1) % world,
-                      "s": _time_ring(buf, out, rank=rank, world=world, repeats=cfg.repeats,
-                                      faults=faults)}
+    # The ring runs on a group of its own: send/recv counted in the default group's
+    # Flight Recorder status would skew the watchdog's view of the training's collectives.
+    ring = dist.new_group(ranks=list(range(world)))
+    try:
+        timings["p2p"] = {"src": (rank - 1) % world,
+                          "s": _time_ring(buf, out, rank=rank, world=world,
+                                          repeats=cfg.repeats, faults=faults, group=ring)}
+    finally:
+        dist.destroy_process_group(ring)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, timings)
     took = time.perf_counter() - t0
