@@ -30,6 +30,7 @@ from api.routes import (
     job_data,
     jobs,
     logs,
+    nodes,
     packages,
     plans,
     stacks,
@@ -42,6 +43,9 @@ from api.streams import StreamSlots
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
 from orchestrator.store.repo import Store
+
+# Goodput is computed per job at scrape time (three reads each): the first N active jobs.
+MAX_GOODPUT_SERIES = 200
 
 
 class Runtime(Protocol):
@@ -108,6 +112,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     metrics = HttpMetrics()
     metrics.add_job_counts(store.job_counts_by_state)
     metrics.add_job_conditions(store.active_jobs)
+    metrics.add_node_health(lambda: nodes.statuses(store, settings))
+    metrics.add_goodput(lambda: [(j, job_data.job_goodput(j, store).ratio)
+                                 for j in store.active_jobs()[:MAX_GOODPUT_SERIES]])
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()
@@ -115,7 +122,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
 
     install_error_handlers(app)
-    for module in (jobs, job_data, logs, stacks, cluster, plans, tokens, users, packages):
+    for module in (jobs, job_data, logs, stacks, cluster, nodes, plans, tokens, users,
+                   packages):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)

@@ -34,6 +34,8 @@ from api.schemas import (
     JobSummary,
     LogList,
     MetricList,
+    NodeHealthList,
+    NodeHealthOut,
     Package,
     QuotaInfo,
     RankList,
@@ -270,6 +272,18 @@ class MeshyardClient:
 
     def set_role(self, user: str, role: str) -> UserInfo:
         return self._request("PATCH", f"/v1/users/{user}", UserInfo, json={"role": role})
+
+    # nodes --------------------------------------------------------------------------------
+    def list_nodes(self) -> NodeHealthList:
+        return self._request("GET", "/v1/nodes", NodeHealthList)
+
+    def cordon(self, node: str, *, reason: str = "", permanent: bool = False) -> NodeHealthOut:
+        return self._request("POST", f"/v1/nodes/{node}/cordon", NodeHealthOut,
+                             json={"reason": reason, "permanent": permanent})
+
+    def uncordon(self, node: str, *, reason: str = "") -> NodeHealthOut:
+        return self._request("POST", f"/v1/nodes/{node}/uncordon", NodeHealthOut,
+                             json={"reason": reason})
 
     def get_quota(self, user: str) -> QuotaInfo:
         return self._request("GET", f"/v1/users/{user}/quota", QuotaInfo)

@@ -15,6 +15,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from orchestrator.health import NodeState, NodeStatus
 from orchestrator.lifecycle import JobState
 from orchestrator.store.records import JobRecord
 
@@ -88,6 +89,67 @@ class JobConditionCollector(Collector):
             labels=["job_id", "job", "condition", "verdict", "culprit_ranks", "headline"])
 
 
+class NodeHealthCollector(Collector):
+    """The node health ledger at scrape time: one series per node and state (1 for the
+    node's state, 0 for the others, so a query for cordoned nodes needs no absent()), and
+    the GPUs cordoned on their own per node."""
+
+    def __init__(self, statuses: Callable[[], list[NodeStatus]]) -> None:
+        self._statuses = statuses
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            statuses = self._statuses()
+        except Exception:  # the HTTP metrics still answer when the DB is down
+            log.warning("node health unavailable for /metrics", exc_info=True)
+            return
+        state, gpus = self._families()
+        for s in statuses:
+            for st in NodeState:
+                state.add_metric([s.name, st.value], 1.0 if s.state == st else 0.0)
+            gpus.add_metric([s.name], float(len(s.cordoned_gpus)))
+        yield state
+        yield gpus
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("meshyard_node_health", "Node health ledger: 1 for the "
+                                  "node's state (healthy, suspect, cordoned).",
+                                  labels=["node", "state"]),
+                GaugeMetricFamily("meshyard_node_cordoned_gpus",
+                                  "GPUs cordoned on their own, per node.", labels=["node"]))
+
+
+class GoodputCollector(Collector):
+    """Each active job's goodput ratio (productive / wall time so far), at scrape time."""
+
+    def __init__(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
+        self._ratios = ratios
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            ratios = self._ratios()
+        except Exception:  # the HTTP metrics still answer when the DB is down
+            log.warning("goodput unavailable for /metrics", exc_info=True)
+            return
+        family = self._family()
+        for job, ratio in ratios:
+            family.add_metric([job.id, job.name], ratio)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("meshyard_job_goodput_ratio",
+                                 "Productive share of an active job's wall time so far.",
+                                 labels=["job_id", "job"])
+
+
 class HttpMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -109,6 +171,12 @@ class HttpMetrics:
 
     def add_job_conditions(self, jobs: Callable[[], list[JobRecord]]) -> None:
         self.registry.register(JobConditionCollector(jobs))
+
+    def add_node_health(self, statuses: Callable[[], list[NodeStatus]]) -> None:
+        self.registry.register(NodeHealthCollector(statuses))
+
+    def add_goodput(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
+        self.registry.register(GoodputCollector(ratios))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

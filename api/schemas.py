@@ -362,3 +362,52 @@ class Package(_Out):
     sha256: str = Field(description="SHA-256 of the uploaded zip.")
     bytes: int = Field(description="Size of the zip.")
     created: bool = Field(description="False when the same package was already stored.")
+
+
+class NodeHealthOut(_Out):
+    """A node in the health ledger (GET /v1/nodes)."""
+
+    name: str
+    node_id: str | None
+    alive: bool
+    state: str = Field(description="healthy | suspect | cordoned")
+    reason: str
+    since: datetime | None
+    until: datetime | None = Field(description="When the cordon ends; null: not cordoned, "
+                                   "or permanent")
+    permanent: bool
+    cordoned_gpus: list[int]
+    diagnosis_ids: list[int] = Field(description="Diagnoses among the evidence.")
+    evidence: list[dict[str, Any]] = Field(description="Newest last: kind (diagnosis | "
+                                           "failure | preflight | admin), severity, reason, "
+                                           "at, job_id, gpu, diagnosis_id, verdict.")
+
+
+class NodeHealthList(_Out):
+    items: list[NodeHealthOut]
+
+
+class CordonBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="", max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$",
+                        description="Why (kept with the node's evidence).")
+    permanent: bool = Field(default=False, description="Until an admin uncordons it.")
+
+
+class GoodputSegment(_Out):
+    start: float = Field(description="Unix time in seconds.")
+    end: float
+    kind: str = Field(description="queued | starting | productive | recomputed | hung | "
+                      "recovering | stopping")
+    attempt: int
+    seconds: float
+
+
+class GoodputOut(_Out):
+    """Where a job's wall time went (GET /v1/jobs/{id}/goodput)."""
+
+    wall_s: float = Field(description="Submit to the terminal state (or now).")
+    ratio: float = Field(description="productive / wall_s")
+    seconds: dict[str, float] = Field(description="Per bucket; they add up to wall_s.")
+    steps_recomputed: int = Field(description="Steps redone after restarts.")
+    segments: list[GoodputSegment]

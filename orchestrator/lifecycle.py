@@ -49,6 +49,7 @@ class Reason(StrEnum):
     MAX_FAILURES = "MAX_FAILURES"
     CONTROLLER_LOST = "CONTROLLER_LOST"
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    PREFLIGHT_FAILED = "PREFLIGHT_FAILED"  # a link of the placement failed the check
     # non-failure reasons
     SUBMITTED = "SUBMITTED"
     PLACEMENT_FOUND = "PLACEMENT_FOUND"
@@ -61,12 +62,14 @@ class Reason(StrEnum):
     WORKERS_STOPPED = "WORKERS_STOPPED"
     REQUEUED = "REQUEUED"
     PROGRESS_RESUMED = "PROGRESS_RESUMED"
+    NODE_CORDONED = "NODE_CORDONED"  # the node health ledger took a node of the job out
+    NODE_SUSPECT = "NODE_SUSPECT"
 
 
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,
                              Reason.SETUP_ERROR, Reason.WORKER_CRASH, Reason.HANG_DETECTED,
                              Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
-                             Reason.INTERNAL_ERROR})
+                             Reason.INTERNAL_ERROR, Reason.PREFLIGHT_FAILED})
 
 class AttemptState(StrEnum):
     """An attempt's row in the store. RUNNING from the moment it is placed until it ends."""

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from orchestrator.access import Policy, Role
+from orchestrator.health import HealthPolicy
 from orchestrator.quotas import Quota
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -56,6 +57,16 @@ class Settings(BaseSettings):
     node_usage_interval_s: float = Field(
         default=30.0, ge=0, le=3600,
         description="Sample every node's CPU, memory and GPUs this often (0 = off).")
+    node_cordon_s: float = Field(
+        default=3600.0, gt=0, le=30 * 86400,
+        description="A cordon from evidence (diagnosis, device error, pre-flight) lasts this "
+        "long unless an admin makes it permanent.")
+    node_suspect_window_s: float = Field(
+        default=1800.0, gt=0, le=30 * 86400,
+        description="Suspicion (a straggler, a first timeout) counts this long.")
+    node_suspect_jobs_to_cordon: int = Field(
+        default=3, ge=1, le=1000,
+        description="Suspicion from this many distinct jobs within the window cordons a node.")
     usage_retention_s: float = Field(
         default=86400.0, gt=0, le=90 * 86400,
         description="Node utilisation samples are kept this long.")
@@ -115,6 +126,11 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown role(s) {unknown}; roles are admin, user, viewer")
         return value
+
+    def health_policy(self) -> HealthPolicy:
+        return HealthPolicy(cordon_s=self.node_cordon_s,
+                            suspect_window_s=self.node_suspect_window_s,
+                            suspect_jobs_to_cordon=self.node_suspect_jobs_to_cordon)
 
     @property
     def resolved_database_url(self) -> str:

@@ -84,6 +84,8 @@ class FaultKind(StrEnum):
     SLOW = "slow"
     P2P_STALL = "p2p_stall"
     USER_HANG = "user_hang"
+    SLOW_SEND = "slow_send"  # rank R's pre-flight sends start `seconds` late
+    NIC_HANG = "nic_hang"  # a hang with a NIC error in the rank's log (hardware evidence)
 
 
 class WatchdogAction(StrEnum):
@@ -366,6 +368,20 @@ class Debug(_Frozen):
     )
 
 
+class Preflight(_Frozen):
+    enabled: bool = Field(default=True, description="Before step 1 of every attempt, the "
+                          "placed gang times an all-reduce per process group and a p2p ring "
+                          "(rank r -> r+1); a link far slower than its peers fails the attempt "
+                          "before training starts, and its node is re-placed around.")
+    size_mib: float = Field(default=1.0, gt=0, le=64, description="Message size per test.")
+    repeats: int = Field(default=3, ge=1, le=10, description="Timed runs per test (the best "
+                         "counts).")
+    min_ratio: float = Field(default=0.1, gt=0, le=1, description="A test whose bandwidth is "
+                             "below this fraction of the median of its kind fails.")
+    timeout_s: float = Field(default=10.0, gt=0, le=120, description="The whole check's "
+                             "bound; a test still running then fails it.")
+
+
 class InjectFault(_Frozen):
     kind: FaultKind = Field(description="Fault to inject (test and demo use only).")
     rank: int = Field(ge=0, lt=lim.MAX_WORLD_SIZE, description="Global rank that misbehaves.")
@@ -401,6 +417,8 @@ class JobSpec(_Frozen):
         default_factory=FaultTolerance, description="Restarts and timeouts."
     )
     watchdog: Watchdog = Field(default_factory=Watchdog, description="Hang detection.")
+    preflight: Preflight = Field(default_factory=Preflight,
+                                 description="Collective check on the placement before step 1.")
     debug: Debug = Field(default_factory=Debug, description="NCCL and Flight Recorder debugging.")
     inject_fault: InjectFault | None = Field(
         default=None, description="Fault injection; accepted only when the server allows it."

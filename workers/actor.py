@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import socket
 import sys
@@ -53,9 +54,14 @@ def _load(path: str) -> Callable[..., Any]:
 class _Buffer:
     """What the training thread reports, drained by the controller's polls (thread-safe)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, *, metrics_file: Path | None = None) -> None:
         self.rank = rank
         self._lock = threading.Lock()
+        # Every reported row is also appended here (line-buffered: a row is in the file once
+        # metric() returns, whatever happens to this process or the control plane after), so
+        # the control plane can recover what no poll fetched (runtime/metrics_files.py).
+        self._metrics_path = metrics_file
+        self._metrics_out: Any = None
         self._metrics: deque[dict[str, Any]] = deque(maxlen=_MAX_BUFFERED_METRICS)
         self._logs: deque[dict[str, Any]] = deque(maxlen=_MAX_BUFFERED_LOGS)
         self._dropped_logs = 0
@@ -65,8 +71,28 @@ class _Buffer:
 
     def metric(self, row: dict[str, Any]) -> None:
         with self._lock:
-            self._metrics.append(dict(row, rank=self.rank))
+            kept = dict(row, rank=self.rank)
+            self._metrics.append(kept)
             self.last_step = row.get("step", self.last_step)
+            self._keep(kept)
+
+    def _keep(self, row: dict[str, Any]) -> None:
+        if self._metrics_path is None:
+            return
+        try:
+            if self._metrics_out is None:
+                self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                self._metrics_out = open(self._metrics_path, "a", buffering=1,  # noqa: SIM115
+                                         opener=private_opener)
+            self._metrics_out.write(json.dumps(row, default=str) + "\n")
+        except OSError:
+            self._metrics_path = None  # a full disk must not stop training; polls still work
+
+    def close(self) -> None:
+        with self._lock:
+            if self._metrics_out is not None:
+                self._metrics_out.close()
+                self._metrics_out = None
 
     def log(self, stream: str, line: str) -> None:
         with self._lock:
@@ -169,7 +195,7 @@ class WorkerActor:
         as RayActorError on this call instead."""
         rank = assignment.rank
         self._stop.clear()
-        self._buf = _Buffer(rank=rank)
+        self._buf = _Buffer(rank=rank, metrics_file=assignment.log_path("metrics.jsonl"))
         self._assignment = self._last_assignment = assignment
         if self._usage is None:
             gpus = ray.get_gpu_ids()
@@ -186,6 +212,7 @@ class WorkerActor:
             return self._train(assignment)
         finally:
             capture.stop()
+            self._buf.close()
             self._jobs_run += 1
             self._assignment = None
             saved.restore()

@@ -88,7 +88,7 @@ class RankAssignment:
 
 
 def rank_log_path(log_dir: str, rank: int, suffix: str) -> Path:
-    """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr or log)."""
+    """`<log_dir>/rank-<r>.<suffix>` (suffix stdout, stderr, log or metrics.jsonl)."""
     return Path(log_dir) / f"rank-{rank}.{suffix}"
 
 

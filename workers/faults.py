@@ -26,6 +26,13 @@ kind looks like to the hang watchdog (heartbeats + Flight Recorder):
 * ``user_hang`` — every rank blocks at step S in plain Python (``_user_code_blocks_forever``)
   outside any collective: heartbeats continue, phase ``data``, no collective enqueued and not
   completed on any rank, no timeout ever fires. Verdict: NON_COLLECTIVE_HANG.
+* ``nic_hang`` — like ``hang``, but rank R first writes an NCCL ``NET/IB`` completion error
+  (the line NCCL's IB plugin prints when a NIC fails, ``NIC_ERROR_LINE``) to its stderr, which
+  the evidence round reads as that rank's NCCL errors: a hang with hardware evidence on one
+  node. Verdict: a rank that never joined, whose node the health policy cordons.
+* ``slow_send`` — rank R's pre-flight sends start ``seconds`` late (every attempt it fires
+  in): its receiver's p2p timing is far below its peers', so the pre-flight check fails the
+  attempt before step 1 naming R, and R's node is cordoned and routed around.
 * ``p2p_stall`` — pipeline stage rank R never sends at step S (blocks in
   ``_p2p_stall_forever``); its peer waits in recv. Verdict: P2P_MISMATCH.
 
@@ -64,6 +71,20 @@ def _block_forever(reason: str) -> None:
 
 def _hang_before_collective(step: int) -> None:
     _block_forever(f"hang: blocking forever before the step {step} collective")
+
+
+# The IB plugin's completion error as NCCL 2.2x prints it (hostname:pid:tid [dev] file:line).
+NIC_ERROR_LINE = ("{host}:{pid}:{pid} [0] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion "
+                  "from peer 10.0.0.2<44206> with status=12 opcode=129 len=65536 vendor err 129 "
+                  "(Recv) (injected by meshyard fault nic_hang)")
+
+
+def _nic_error_then_hang(step: int) -> None:
+    import socket
+
+    print(NIC_ERROR_LINE.format(host=socket.gethostname(), pid=os.getpid()), file=sys.stderr,
+          flush=True)
+    _block_forever(f"nic_hang: blocking forever before the step {step} collective")
 
 
 def _user_code_blocks_forever(step: int) -> None:
@@ -107,6 +128,8 @@ class FaultInjector:
     def before_collective(self, step: int) -> CollectiveAction:
         if self._is(FaultKind.HANG, step):
             _hang_before_collective(step)
+        if self._is(FaultKind.NIC_HANG, step):
+            _nic_error_then_hang(step)
         if self._is(FaultKind.DESYNC, step):
             print(f"[meshyard fault] desync: rank {self.rank} skips the step {step} collective",
                   file=sys.stderr, flush=True)
@@ -116,6 +139,12 @@ class FaultInjector:
                   f"at step {step}", file=sys.stderr, flush=True)
             return CollectiveAction.MISMATCH
         return CollectiveAction.RUN
+
+    def before_send(self) -> None:
+        """Pre-flight hook: called just before this rank posts a send."""
+        f = self.fault
+        if f is not None and f.kind == FaultKind.SLOW_SEND and f.rank == self.rank:
+            time.sleep(f.seconds)
 
     def maybe_p2p_stall(self, step: int) -> None:
         """Pipeline hook: call just before this stage sends at ``step``."""

@@ -43,6 +43,7 @@ from workers.mesh import build_mesh
 from workers.model import build_model, loss_fn
 from workers.moe import aux_loss_metric
 from workers.parallelize import build_optimizer, dp_plan, parallelize
+from workers.preflight import run_preflight
 from workers.runner import BuildContext, StepRunner, build_runner
 
 
@@ -144,6 +145,11 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
     # The reference baseline never misbehaves, whatever the spec injects into the real job.
     faults = FaultInjector(None, rank=0) if reference else \
         FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
+    if spec.preflight.enabled and not reference and env.world_size > 1:
+        checked = run_preflight(spec.preflight, mesh=mesh, rank=env.rank, device=device,
+                                faults=faults)
+        callbacks.on_log("INFO", f"pre-flight check passed in {checked['seconds']:.3f} s "
+                         f"({checked['tests']} tests of {checked['bytes'] / 2**20:g} MiB)")
 
     def chunk(m: torch.nn.Module) -> torch.nn.Module:
         return parallelize(m, built=built, spec=spec, dims=dims, mesh=mesh, device=device)

@@ -5,6 +5,7 @@ from api.cli import (  # noqa: F401  (each import registers its commands)
     diag_cmds,
     job_cmds,
     log_cmds,
+    node_cmds,
     place_cmds,
     plan_cmds,
     server_cmds,

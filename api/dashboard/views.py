@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import yaml
 
+from orchestrator.health import NodeStatus
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.cost import ModelDims, communication_signature, estimate_slots
 from orchestrator.placement.links import LinkModel
@@ -295,3 +297,25 @@ def node_views(nodes: Sequence[NodeRecord],
                               cpus=n.cpus, used=used, nvlink_pairs=_nvlink_pairs(n.topology),
                               holders=_holders(gpus)))
     return views
+
+
+@dataclass(frozen=True)
+class HealthCell:
+    """The cluster page's health column for one node: state, why, until when, and the jobs
+    whose diagnoses put it there (links)."""
+
+    state: str
+    reason: str
+    until: str
+    gpus: str
+    diagnoses: tuple[tuple[str, int], ...]  # (job id, diagnosis id)
+
+
+def health_cell(s: NodeStatus) -> HealthCell:
+    until = "permanent" if s.permanent else (
+        f"until {datetime.fromtimestamp(s.until, UTC):%H:%M:%S} UTC" if s.until else "")
+    diags = tuple(dict.fromkeys((e.job_id, e.diagnosis_id) for e in s.evidence
+                                if e.job_id and e.diagnosis_id is not None))[-3:]
+    return HealthCell(state=s.state.value, reason=s.reason[:200], until=until,
+                      gpus=",".join(map(str, s.cordoned_gpus)),
+                      diagnoses=diags)  # type: ignore[arg-type]

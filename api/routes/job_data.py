@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -18,6 +19,7 @@ from api.schemas import (
     DiagnosisList,
     Event,
     EventList,
+    GoodputOut,
     MetricList,
     MetricPoint,
     Rank,
@@ -26,6 +28,7 @@ from api.schemas import (
     UsageList,
     UsagePoint,
 )
+from orchestrator.goodput import Goodput, from_records
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 from orchestrator.watchdog.condition import JobCondition, rank_states
@@ -99,6 +102,21 @@ def list_checkpoints(job: JobDep, store: StoreDep) -> Response:
     found = store.list_checkpoints(job.id)
     return model_response(CheckpointList(items=[CheckpointInfo.model_validate(c)
                                                 for c in found]))
+
+
+def job_goodput(job: JobRecord, store: Store) -> Goodput:
+    """The job's goodput ledger now (orchestrator/goodput.py)."""
+    return from_records(events=store.list_events(job.id, limit=10_000),
+                        metrics=store.list_metrics(job.id, rank=0, limit=100_000),
+                        diagnoses=store.list_diagnoses(job.id), now=time.time())
+
+
+@router.get("/goodput", operation_id="getJobGoodput", response_model=GoodputOut)
+def get_goodput(job: JobDep, store: StoreDep) -> Response:
+    """Where the job's wall time went: queued, starting, productive, recomputed, hung,
+    recovering, stopping (seconds that add up to `wall_s`), the ratio productive / wall, and
+    the segments in time order (the dashboard's stacked bar)."""
+    return model_response(GoodputOut.model_validate(job_goodput(job, store).to_dict()))
 
 
 @router.get("/diagnoses", operation_id="listJobDiagnoses", response_model=DiagnosisList)

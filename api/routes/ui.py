@@ -40,6 +40,8 @@ from api.dashboard.session import (
 )
 from api.deps import SettingsDep, StoreDep
 from api.errors import NotFound
+from api.routes.job_data import job_goodput
+from api.routes.nodes import statuses as node_statuses
 from orchestrator.access import may_submit
 from orchestrator.limits import INT32_MAX
 from orchestrator.placement.holds import gpu_holds
@@ -188,7 +190,8 @@ def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep
                 spec_yaml=views.spec_yaml(job.spec),
                 plan=next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"),
                           None),
-                levels=views.cluster_levels(store.list_nodes()))
+                levels=views.cluster_levels(store.list_nodes()),
+                goodput=job_goodput(job, store).to_dict())
 
 
 @router.get("/jobs/{job_id}/comm.json")
@@ -204,13 +207,15 @@ def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
 
 
 @router.get("/cluster", response_class=HTMLResponse)
-def cluster_page(request: Request, session: SessionDep, store: StoreDep) -> Response:
+def cluster_page(request: Request, session: SessionDep, store: StoreDep,
+                 settings: SettingsDep) -> Response:
     nodes = store.list_nodes()
     levels = views.cluster_levels(nodes)
     now = views.cluster_now(nodes, views.gpu_usage(gpu_holds(store), viewer=session.user))
+    health = {s.name: views.health_cell(s) for s in node_statuses(store, settings)}
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
                 tree=views.level_tree(nodes, levels), nodes=now.nodes, total=now.total,
-                used=now.used)
+                used=now.used, health=health)
 
 
 @router.get("/cluster.json")

@@ -28,6 +28,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.lifecycle import RankState, Reason
+from orchestrator.preflight import culprits_of
 from orchestrator.runtime.events import (
     NAMESPACE,
     AttemptConfig,
@@ -51,7 +52,12 @@ from orchestrator.runtime.events import (
     WorkersReady,
     controller_name,
 )
-from orchestrator.runtime.failures import FailureGroup, RankFailure, attempt_failed
+from orchestrator.runtime.failures import (
+    FailureGroup,
+    RankFailure,
+    attempt_failed,
+    group_failures,
+)
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
@@ -240,7 +246,7 @@ class AttemptController:
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 gang.kill()
-                self._fail(failures, cause=watch.open_report)
+                self._fail(failures, cause=watch.open_report, gang=gang)
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
@@ -270,11 +276,18 @@ class AttemptController:
                     self._ranks[rank] = replace(self._ranks.get(rank, RankStatus(rank=rank)),
                                                 **upd)
 
-    def _fail(self, failures: list[RankFailure], *, cause: DiagnosisReport | None) -> None:
-        """The attempt failed; its reason and message come from the open diagnosis when
+    def _fail(self, failures: list[RankFailure], *, cause: DiagnosisReport | None,
+              gang: WorkerGang | None = None) -> None:
+        """A pre-flight failure (every rank raised PreflightFailed) names the culprit ranks'
+        nodes and link class and is avoided by the next attempt.
+        The attempt failed; its reason and message come from the open diagnosis when
         there is one (a hang, a rank's exit), else from the first rank to die or fail.
         User code that could not even load fails the same way on every attempt: it is a
         setup error and names no node as bad."""
+        preflight = preflight_failure(failures, gang=gang, cfg=self.cfg)
+        if preflight is not None:
+            self._finish(preflight)
+            return
         failed = attempt_failed(failures, cause)
         setup = bool(failures) and all(f.setup_error for f in failures)
         failed_nodes = () if setup else tuple(
@@ -293,6 +306,28 @@ class AttemptController:
         self.log.emit(outcome)
         self._outcome = outcome
         self._done.set()
+
+
+def preflight_failure(failures: list[RankFailure], *, gang: WorkerGang | None,
+                      cfg: AttemptConfig) -> Failed | None:
+    """The attempt's end when its ranks failed the pre-flight check, else None."""
+    checks = [f for f in failures if f.error_type == "PreflightFailed"]
+    if not checks or len(checks) < len(failures):
+        return None
+    message = checks[0].message
+    culprits = culprits_of(message)
+    where = {r: (gang.ranks[r].node, gang.ranks[r].gpu) for r in gang.ranks} \
+        if gang is not None else {}
+    nodes = tuple(sorted({str(where[r][0]) for r in culprits if r in where and where[r][0]}))
+    peers = {str(n) for n, _ in where.values() if n}
+    link = "intra-node" if len(peers) <= 1 else "across nodes"
+    detail = f" (culprit{'s' if len(culprits) != 1 else ''} " + ", ".join(
+        f"rank {r} on {where[r][0]}" + (f" GPU {where[r][1]}" if where[r][1] is not None
+                                          else "") for r in culprits if r in where) + \
+        f"; the gang spans {len(peers)} node(s), links {link})" if culprits else ""
+    return Failed(reason=Reason.PREFLIGHT_FAILED, message=f"{message}{detail}",
+                  groups=tuple(group_failures(failures)), failed_nodes=nodes,
+                  avoid_nodes=nodes)
 
 
 RemoteController: Any = ray.remote(  # type: ignore[call-overload]

@@ -4,6 +4,8 @@ Pure module: each function returns a decision; the poller and the scheduler appl
 Restart (after attempt n failed, `failed` attempts failed so far, this one included):
 
     job cancelling                      -> FINISH_CANCEL (the failure was the cancel)
+    PREFLIGHT_FAILED                    -> RESTART (placed around the slow link), not counted
+                                           in max_failures, up to MAX_PREFLIGHT_RESTARTS
     the hang watchdog said fail         -> FAIL with the attempt's reason
     SETUP_ERROR (the code cannot load)  -> FAIL: the next attempt would fail the same way
     failed - 1 < max_failures           -> RESTART: RESTARTING, then QUEUED for attempt n + 1
@@ -31,6 +33,8 @@ from typing import Any
 from orchestrator.lifecycle import Reason
 from orchestrator.spec import WatchdogAction
 
+MAX_PREFLIGHT_RESTARTS = 3  # placements re-tried after failed pre-flight checks
+
 
 class Outcome(StrEnum):
     RESTART = "restart"
@@ -51,10 +55,20 @@ class RestartDecision:
 
 def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Reason,
                      message: str, hang_action: WatchdogAction | None = None,
-                     cancelling: bool = False) -> RestartDecision:
-    """After attempt `attempt` failed; `failed` counts the job's failed attempts so far."""
+                     cancelling: bool = False, preflight_failed: int = 0) -> RestartDecision:
+    """After attempt `attempt` failed; `failed` counts the job's failed attempts so far,
+    `preflight_failed` those that failed the pre-flight check (not in `failed`)."""
     if cancelling:
         return RestartDecision(Outcome.FINISH_CANCEL, reason, message)
+    if reason == Reason.PREFLIGHT_FAILED:
+        if preflight_failed <= MAX_PREFLIGHT_RESTARTS:
+            return RestartDecision(
+                Outcome.RESTART, reason, f"attempt {attempt} failed its pre-flight check "
+                f"({preflight_failed} of {MAX_PREFLIGHT_RESTARTS} allowed; not counted "
+                f"in max_failures): {message}",
+                requeue_message=f"attempt {attempt + 1} will be placed around the slow link")
+        return RestartDecision(Outcome.FAIL, reason, f"{preflight_failed} attempts failed "
+                               f"the pre-flight check; last: {message}")
     if hang_action == WatchdogAction.FAIL:  # watchdog.action=fail: a hang ends the job
         return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
     if reason == Reason.SETUP_ERROR:

@@ -8,8 +8,12 @@ The poller is the only writer of what the controllers report. Per active job, ea
 It applies decisions, it does not make them: after a failed attempt `policy.restart_decision`
 says restart, fail or finish a cancel. Besides that:
   * CANCELLING -> controller.cancel(); CANCELLED once it reports (or forcibly after 8 s);
+  * evidence about nodes (a diagnosis, a failed attempt's errors) goes to the node health
+    ledger (runtime/health.py), which may cordon a node before the restart is placed;
   * controller gone (control plane was down, node lost): PLACING -> requeue; STARTING /
-    RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy.
+    RUNNING -> a failed attempt (CONTROLLER_LOST) under the same restart policy, after the
+    metrics its workers reported after the last poll are read from their files
+    (runtime/metrics_files.py).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import contextlib
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from orchestrator.health import HealthPolicy
 from orchestrator.lifecycle import ACTIVE_STATES, AttemptState, IllegalTransition, JobState, Reason
 from orchestrator.placement.gang_plan import Pending, PendingKind
 from orchestrator.runtime.controller import find_controller
@@ -50,6 +56,8 @@ from orchestrator.runtime.events import (
     parse_pg_name,
     pg_name,
 )
+from orchestrator.runtime.health import record_diagnosis, record_failure, record_preflight
+from orchestrator.runtime.metrics_files import ingest_attempt_files
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
 from orchestrator.runtime.stack_requests import record_stacks, serve_stack_requests
 from orchestrator.spec import WatchdogAction, parse_spec
@@ -94,8 +102,12 @@ def _rank_row(r: RankStatus) -> dict[str, Any]:
 
 
 class Poller:
-    def __init__(self, store: Store, *, launching: set[str] | None = None) -> None:
+    def __init__(self, store: Store, *, launching: set[str] | None = None,
+                 health_policy: HealthPolicy | None = None,
+                 runs_dir: Path | None = None) -> None:
         self.store = store
+        self.runs_dir = runs_dir  # where the attempts' metrics files are (metrics_files.py)
+        self.health_policy = health_policy or HealthPolicy()
         # Jobs the scheduler is placing right now (PLACING written, controller not yet
         # created): not "lost". Shared with the scheduler; set operations are atomic.
         self.launching = launching if launching is not None else set()
@@ -217,11 +229,17 @@ class Poller:
                 pending = Pending(PendingKind.PLACEMENT_TIMEOUT, message, waited_s=waited)
                 self.store.set_pending_reason(job_id, pending.to_dict())
             case Failed() as f:
+                groups = [g.to_dict() for g in f.groups]
+                if f.reason == Reason.PREFLIGHT_FAILED:
+                    record_preflight(self.store, f.avoid_nodes, message=f.message,
+                                     job_id=job_id, policy=self.health_policy)
+                else:
+                    record_failure(self.store, groups, job_id=job_id,
+                                   policy=self.health_policy)
                 failure = AttemptFailure(attempt=n, failed_nodes=f.failed_nodes,
                                          avoid_nodes=f.avoid_nodes)
                 self._attempt_failed(job_id, n, reason=f.reason, message=f.message,
-                                     data=failure.event_data(
-                                         groups=[g.to_dict() for g in f.groups]),
+                                     data=failure.event_data(groups=groups),
                                      final=f.hang_action == WatchdogAction.FAIL)
 
     def _record_diagnosis(self, job_id: str, n: int, d: Diagnosis) -> None:
@@ -244,7 +262,9 @@ class Poller:
         self.store.add_event(job_id, kind=kind, reason=verdict,
                              message=f"diagnosis (attempt {n}): {d.report.summary}",
                              data={"verdict": verdict, "culprit_ranks": culprits,
-                                   "attempt": n})
+                                   "attempt": n, "diagnosis_id": stored.id})
+        record_diagnosis(self.store, d.report, job_id=job_id, diagnosis_id=stored.id,
+                         policy=self.health_policy)
 
     def _maybe_clear_condition(self, job_id: str, n: int, rows: Any) -> None:
         condition = self._conditions.get(job_id)
@@ -270,10 +290,11 @@ class Poller:
                              message=f"attempt {n} failed: {message}", data=data)
         job = self.store.get_job(job_id)
         assert job is not None
-        failed = sum(1 for a in self.store.list_attempts(job_id)
-                     if a.state == AttemptState.FAILED)
+        ended = [a for a in self.store.list_attempts(job_id) if a.state == AttemptState.FAILED]
+        checks = sum(1 for a in ended if a.failure_reason == Reason.PREFLIGHT_FAILED.value)
         decision = restart_decision(
-            attempt=n, failed=failed, reason=reason, message=message,
+            attempt=n, failed=len(ended) - checks, preflight_failed=checks, reason=reason,
+            message=message,
             max_failures=parse_spec(job.spec).fault_tolerance.max_failures,
             hang_action=WatchdogAction.FAIL if final else None,
             cancelling=job.state == JobState.CANCELLING)
@@ -335,10 +356,22 @@ class Poller:
             self._move(job.id, JobState.QUEUED, Reason.CONTROLLER_LOST,
                        "the controller was lost before training started; placing again")
         elif job.state in ACTIVE_STATES:
+            self._recover_metrics(job)
             self._attempt_failed(job.id, n, reason=Reason.CONTROLLER_LOST,
                                  message="the attempt's controller is gone (its node or the "
                                  "control plane died while it ran)",
                                  data={"failed_nodes": [], "attempt": n})
+
+    def _recover_metrics(self, job: JobRecord) -> None:
+        """The rows the lost attempt's workers reported after the last poll (their files)."""
+        if self.runs_dir is None or not job.current_attempt:
+            return
+        try:
+            ingest_attempt_files(self.store, job_id=job.id, attempt=job.current_attempt,
+                                 run_dir=self.runs_dir / job.id, world_size=job.world_size)
+        except Exception:  # noqa: BLE001 - recovering metrics must not block the restart
+            log.exception("recovering the metrics of %s attempt %d failed", job.id,
+                          job.current_attempt)
 
     def _cleanup(self, job_id: str, n: int) -> None:
         kill_controller(job_id, n)

@@ -12,6 +12,10 @@ A job whose owner's running GPU / CPU quota is full waits with `kind: quota`. A 
 told why it waits is not planned again until it or the cluster changes (runtime/plan_memo.py),
 so an idle tick costs the same with 10 queued jobs as with 10,000.
 
+Node health (orchestrator/health.py, the ledger in the store): cordoned nodes are avoided like
+a job's own avoid list, cordoned GPUs count as busy, and a job is planned without the suspect
+nodes first and with them only when it does not fit otherwise.
+
 Placing a job: QUEUED -> PLACING (reason PLACEMENT_FOUND, the solver's summary), a new attempt
 with the plan, one detached named placement group with a bundle per rank pinned to the
 planned node (`bundle_label_selector` on `ray.io/node-id`), then the attempt's controller,
@@ -30,6 +34,7 @@ from typing import Any
 from ray.util.placement_group import placement_group
 
 from orchestrator.fairshare import Queued, fair_order
+from orchestrator.health import HealthPolicy
 from orchestrator.lifecycle import JobState, Reason
 from orchestrator.packages import PackageError
 from orchestrator.placement.gang_plan import GangPlan, Pending, PendingKind, PlanDevice, plan_job
@@ -39,6 +44,7 @@ from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snap
 from orchestrator.quotas import Quota, Usage, job_size, running_block
 from orchestrator.runtime.controller import launch_controller
 from orchestrator.runtime.events import AttemptConfig, pg_name
+from orchestrator.runtime.health import current_view
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.plan_memo import PlanMemo
@@ -62,8 +68,10 @@ class Scheduler:
                  figures: Callable[[], LinkFigures | None] | None = None,
                  quota_for: Callable[[str], Quota] | None = None,
                  allow_fault_injection: bool = True, plan: PlanFn = plan_job,
-                 packages_dir: Path | None = None, usage_interval_s: float = 10.0) -> None:
+                 packages_dir: Path | None = None, usage_interval_s: float = 10.0,
+                 health_policy: HealthPolicy | None = None) -> None:
         self.store = store
+        self.health_policy = health_policy or HealthPolicy()
         self.usage_interval_s = usage_interval_s
         self._quota_for = quota_for or (lambda owner: Quota())
         self.allow_fault_injection = allow_fault_injection
@@ -114,7 +122,12 @@ class Scheduler:
                             for j in by_id.values()], held=usage, total=total)
         quotas: dict[str, Quota] = {}
         placed: list[str] = []
-        fingerprint: Hashable = self._memo.fingerprint(snap)
+        health = current_view(self.store, policy=self.health_policy)
+        if health.cordoned_gpus:  # a cordoned GPU is never free
+            snap = snap.reserve(gpus={k: sorted(v) for k, v in health.cordoned_gpus.items()},
+                                cpus={})
+        health_key = (health.cordoned, health.suspect)
+        fingerprint: Hashable = (self._memo.fingerprint(snap), health_key)
         for q in order:
             job, spec = by_id[q.id], specs[q.id]
             quota = quotas.setdefault(job.owner, self._quota_for(job.owner))
@@ -128,7 +141,8 @@ class Scheduler:
                 if waiting.kind == PendingKind.INFEASIBLE:
                     self._set_pending(job, spec, waiting)  # its placement.timeout_s runs on
                 continue
-            decision = self._plan(spec, snap, avoid=self._avoid(job), figures=figures)
+            decision = self._plan_healthy(spec, snap, avoid=self._avoid(job) | health.cordoned,
+                                          suspect=health.suspect, figures=figures)
             if isinstance(decision, Pending):
                 self._memo.remember(key, fingerprint, decision)
                 self._set_pending(job, spec, decision)
@@ -144,9 +158,20 @@ class Scheduler:
             placed.append(job.id)
             usage[job.owner] = usage.get(job.owner, Usage()) + q.size
             snap = snap.reserve(gpus=decision.gpus_by_node(), cpus=decision.cpus_by_node())
-            fingerprint = self._memo.fingerprint(snap)
+            fingerprint = (self._memo.fingerprint(snap), health_key)
         self._memo.keep_only(j.id for j in queued if j.id not in placed)
         return placed
+
+    def _plan_healthy(self, spec: JobSpec, snap: ClusterSnapshot, *, avoid: set[str],
+                      suspect: frozenset[str], figures: LinkFigures | None
+                      ) -> GangPlan | Pending:
+        """Healthy nodes first: the plan without the suspect nodes, else with them
+        (cordoned nodes are in `avoid` and never used)."""
+        if suspect - avoid:
+            first = self._plan(spec, snap, avoid=avoid | suspect, figures=figures)
+            if not isinstance(first, Pending):
+                return first
+        return self._plan(spec, snap, avoid=avoid, figures=figures)
 
     def _parsed(self, queued: Sequence[JobRecord]) -> dict[str, JobSpec]:
         """Each queued job's spec, parsed once; a stored spec that no longer parses fails."""

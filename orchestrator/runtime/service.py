@@ -183,7 +183,9 @@ class Runtime:
         self._last_sweep = 0.0
         self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
         self.scheduler: Scheduler | None = None
-        self.poller = Poller(self.store, launching=self._launching)
+        self.poller = Poller(self.store, launching=self._launching,
+                             health_policy=settings.health_policy(),
+                             runs_dir=Path(settings.resolved_runs_dir).resolve())
         self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
 
@@ -213,7 +215,8 @@ class Runtime:
                                    figures=self._link_figures, quota_for=self._quota_for,
                                    allow_fault_injection=self.settings.allow_fault_injection,
                                    packages_dir=Path(self.settings.packages_dir).resolve(),
-                                   usage_interval_s=self.settings.usage_interval_s)
+                                   usage_interval_s=self.settings.usage_interval_s,
+                                   health_policy=self.settings.health_policy())
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
@@ -266,7 +269,9 @@ class Runtime:
         """On becoming leader: a fresh poller reattaches to live controllers by name and
         replays from the stored cursors; orphans are swept; nodes are registered."""
         self._elected.clear()
-        self.poller = Poller(self.store, launching=self._launching)
+        self.poller = Poller(self.store, launching=self._launching,
+                             health_policy=self.settings.health_policy(),
+                             runs_dir=Path(self.settings.resolved_runs_dir).resolve())
         self.register_nodes()
         self.poller.tick()
         sweep_orphans(self.store, launching=self._launching)

@@ -320,3 +320,20 @@ class LeaderLease(Base):
     holder: Mapped[str] = mapped_column(String(200))
     expires_at: Mapped[float] = mapped_column(Float)  # epoch seconds; one machine's clock
     acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class NodeHealthRow(Base):
+    """The node health ledger (orchestrator/health.py): one row per node name."""
+
+    __tablename__ = "node_health"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    since: Mapped[datetime | None] = mapped_column(nullable=True)
+    until: Mapped[datetime | None] = mapped_column(nullable=True)
+    permanent: Mapped[bool] = mapped_column(Boolean, default=False)
+    cleared_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    gpus: Mapped[dict[str, Any]]  # {"3": until epoch s | null (permanent)}
+    evidence: Mapped[dict[str, Any]]  # {"items": [Evidence.to_dict(), ...]}
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

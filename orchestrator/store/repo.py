@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from orchestrator.store.health import HealthOps
 from orchestrator.store.jobs import JobOps
 from orchestrator.store.quotas import QuotaOps
 from orchestrator.store.sessions import SessionOps
@@ -14,7 +15,8 @@ from orchestrator.store.telemetry import TelemetryOps
 from orchestrator.store.usage import UsageOps
 
 
-class Store(SessionOps, QuotaOps, JobOps, TelemetryOps, UsageOps, StackRequestOps):
+class Store(SessionOps, QuotaOps, JobOps, TelemetryOps, UsageOps, StackRequestOps,
+            HealthOps):
     """Each method is one transaction. Returns frozen records, never rows."""
 
     def close(self) -> None:

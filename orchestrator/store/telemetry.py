@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from orchestrator.store import models as m
 from orchestrator.store import records as r
@@ -123,6 +123,40 @@ class TelemetryOps(StoreBase):
                 if newest.get("loss") is not None:
                     job.last_loss = newest["loss"]
             self._advance_cursor(s, job_id, attempt, cursor)
+
+    def add_missing_metrics(self, job_id: str, attempt: int,
+                            rows: list[dict[str, Any]]) -> int:
+        """Inserts the rows past the newest step stored for their (attempt, rank), in one
+        transaction (so repeating it adds nothing); returns how many were added."""
+        with self._tx() as s:
+            newest = dict(s.execute(
+                select(m.Metric.rank, func.max(m.Metric.step))
+                .where(m.Metric.job_id == job_id, m.Metric.attempt == attempt)
+                .group_by(m.Metric.rank)).tuples().all())
+            seen: dict[int, int] = {}
+            values = []
+            for x in sorted(rows, key=lambda x: (int(x.get("rank", 0)), int(x["step"]))):
+                rank, step = int(x.get("rank", 0)), int(x["step"])
+                stored = newest.get(rank)
+                floor = max(-1 if stored is None else stored, seen.get(rank, -1))
+                if step <= floor:
+                    continue
+                seen[rank] = step
+                values.append({"job_id": job_id, "attempt": attempt, "rank": rank,
+                               "step": step, "time": float(x["time"]),
+                               **{k: x.get(k) for k in _METRIC_FIELDS}})
+            if not values:
+                return 0
+            s.execute(m.Metric.__table__.insert(), values)
+            job = s.scalar(select(m.Job).where(m.Job.id == job_id))
+            if job is None:
+                raise JobNotFound(job_id)
+            top = max(values, key=lambda v: v["step"])
+            if job.last_step is None or top["step"] >= job.last_step:
+                job.last_step = top["step"]
+                if top.get("loss") is not None:
+                    job.last_loss = top["loss"]
+            return len(values)
 
     def list_metrics(self, job_id: str, *, rank: int | None = None,
                      after_step: int | None = None, limit: int = 10_000) -> list[r.MetricRecord]:

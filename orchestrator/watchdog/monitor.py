@@ -29,6 +29,7 @@ from typing import Any
 from orchestrator.lifecycle import Reason
 from orchestrator.spec import Watchdog, WatchdogAction
 from orchestrator.watchdog.analyze import analyze
+from orchestrator.watchdog.culprits import hardware_culprits, suspect_nodes
 from orchestrator.watchdog.detect import (
     RankProgress,
     StallDecision,
@@ -38,9 +39,6 @@ from orchestrator.watchdog.detect import (
 )
 from orchestrator.watchdog.inputs import analysis_input
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
-
-# Hardware verdicts whose suspect node a restart should avoid.
-_HARDWARE_LEVELS = ("node",)
 
 
 @dataclass(frozen=True)
@@ -262,28 +260,9 @@ class HangMonitor:
         if report.verdict is Verdict.STRAGGLER or self.action == WatchdogAction.OBSERVE:
             return Action(WatchdogAction.OBSERVE, message=report.summary)
         avoid: tuple[str, ...] = ()
-        if report.verdict is Verdict.COMM_WEDGED and self.action == WatchdogAction.RESTART:
-            avoid = suspect_nodes(report, rank_nodes or {})
+        if self.action == WatchdogAction.RESTART:
+            named = {n for n, _ in hardware_culprits(report)}
+            if report.verdict is Verdict.COMM_WEDGED:
+                named.update(suspect_nodes(report, rank_nodes or {}))
+            avoid = tuple(sorted(named))
         return Action(self.action, message=report.summary, avoid_nodes=avoid)
-
-
-def suspect_nodes(report: DiagnosisReport, rank_nodes: Mapping[int, str | None]) -> tuple[
-        str, ...]:
-    """Nodes to avoid after a COMM_WEDGED verdict, only with hardware evidence: NCCL errors
-    (IB completion, CUDA, system errors) on the stuck ranks. Topology alone ("the only node
-    every stuck group shares") is a suspicion, not evidence: avoiding on it could strand a
-    job whose only fault was in software. A suspect at node level names its node; GPU /
-    NVLink-domain suspects name the node of their ranks; switch-level suspects span many
-    nodes and are not avoided (placement cannot route around a switch by dropping a node)."""
-    if not any(ev.nccl_errors for ev in report.evidence):
-        return ()
-    nodes: set[str] = set()
-    for hw in report.suspect_hardware:
-        level = hw.level.lower()
-        if level in _HARDWARE_LEVELS:
-            nodes.add(hw.name)
-        elif level in ("gpu", "nvlink_domain", "nvlink", "device"):
-            nodes.update(n for r in hw.ranks if (n := rank_nodes.get(r)))
-    if not nodes and not report.suspect_hardware:  # errors without a located suspect
-        nodes.update(n for r in report.culprit_ranks if (n := rank_nodes.get(r)))
-    return tuple(sorted(nodes))

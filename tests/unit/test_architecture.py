@@ -37,7 +37,7 @@ WORKERS_MAY_IMPORT = (
     "orchestrator.watchdog.evidence_files", "orchestrator.watchdog.probe_files",
     "orchestrator.planner.calibration.fit",
     "orchestrator.entrypoint", "orchestrator.worker_env", "orchestrator.limits",
-    "orchestrator.packages",
+    "orchestrator.packages", "orchestrator.preflight",
 )
 
 SCRIPT = """

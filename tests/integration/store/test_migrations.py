@@ -27,7 +27,7 @@ def test_upgrade_is_idempotent(db_url: str) -> None:
     upgrade_database(db_url)
     engine = make_engine(db_url)
     try:
-        assert is_at_head(engine) and head_revision() == "0004"
+        assert is_at_head(engine) and head_revision() == "0005"
     finally:
         engine.dispose()
 

@@ -1,0 +1,58 @@
+"""Metrics no poll fetched: every worker actor appends each row it reports to
+`<run dir>/logs/attempt-<n>/rank-<r>.metrics.jsonl` (workers/actor.py). When an attempt's
+controller is lost (the control plane died with the embedded Ray: SIGKILL of `meshyard serve`),
+the rows reported after the last poll exist only there; the poller ingests them before it
+applies the restart policy.
+
+Exactly once: `Store.add_missing_metrics` inserts, in one transaction, only the rows past the
+newest step the store holds for each (attempt, rank) -- that step is the cursor -- so an
+ingest that is repeated (a second control plane, a crash mid-way) adds nothing twice, and
+the rows the poller did write are never duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from orchestrator.store.repo import Store
+from workers.assignment import rank_log_path
+
+log = logging.getLogger("meshyard.poller")
+MAX_FILE_BYTES = 256 * 1024 * 1024  # one rank's rows of one attempt; more is not a metrics file
+
+
+def read_rank_rows(path: Path, *, rank: int) -> list[dict[str, Any]]:
+    """The complete rows of one rank's file (a torn last line, cut by the kill, is skipped)."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            log.warning("%s is over %d bytes: not ingested", path, MAX_FILE_BYTES)
+            return []
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and "time" in row:
+            rows.append(dict(row, rank=rank))
+    return rows
+
+
+def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Path,
+                         world_size: int) -> int:
+    """Adds the attempt's rows the store lacks; returns how many."""
+    log_dir = run_dir / "logs" / f"attempt-{attempt}"
+    rows = []
+    for rank in range(world_size):
+        rows += read_rank_rows(rank_log_path(str(log_dir), rank, "metrics.jsonl"), rank=rank)
+    added = store.add_missing_metrics(job_id, attempt, rows) if rows else 0
+    if added:
+        log.warning("job %s attempt %d: %d metric rows recovered from the run dir", job_id,
+                    attempt, added)
+    return added

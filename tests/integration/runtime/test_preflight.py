@@ -1,0 +1,35 @@
+"""The pre-flight check on the simulated multi-node cluster: a rank whose sends start late
+(fault `slow_send`) fails the check before step 1; its node is cordoned, the gang is placed
+on the other node, passes the check there and trains to the end. A failed check is not one
+of the job's max_failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.health import NodeState
+from orchestrator.lifecycle import JobState
+from tests.integration.runtime.conftest import submit, tiny_spec, wait_state
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+def test_slow_sender_fails_preflight_and_the_gang_is_placed_around_it(runtime, store):
+    spec = tiny_spec("slow-send", inject_fault={"kind": "slow_send", "rank": 1,
+                                                "seconds": 0.5, "attempt": 1},
+                     fault_tolerance={"max_failures": 0})
+    job_id = submit(store, spec)
+    job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=300)
+    assert job.state == JobState.SUCCEEDED, job.message
+    first, second = store.list_attempts(job_id)
+    assert first.failure_reason == "PREFLIGHT_FAILED"
+    assert "p2p 1->0" in first.message and "culprit ranks [1]" in first.message
+    (bad,) = {b["node"] for b in first.placement["bundles"]}
+    assert f"rank 1 on {bad}" in first.message and "intra-node" in first.message
+    assert bad not in {b["node"] for b in second.placement["bundles"]}
+    assert not [m for m in store.list_metrics(job_id) if m.attempt == 1]  # before step 1
+    entry = store.get_node_health(bad)
+    assert entry is not None and entry.state == NodeState.CORDONED
+    assert entry.evidence[-1].kind == "preflight"
+    logs = [x.line for x in store.list_logs(job_id, rank=0, limit=5000)]
+    assert any("pre-flight check passed" in line for line in logs)  # attempt 2's check
