@@ -39,13 +39,28 @@ class Embed(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
-        # Position ids as a buffer: context parallel shards it along with the tokens (each
-        # CP rank embeds its own, load-balanced, sequence chunks at their true positions).
-        self.positions: torch.Tensor
-        self.register_buffer("positions", torch.arange(cfg.seq_len), persistent=False)
+        # Position ids: made per forward, except under context parallel, which shards a
+        # position buffer along with the tokens (`shard_positions`). No buffer otherwise, so
+        # DDP has nothing to broadcast before each forward.
+        self.positions: torch.Tensor | None
+        self.register_buffer("positions", None, persistent=False)
+
+    def shard_positions(self) -> torch.Tensor:
+        """The position buffer context parallel shards (each CP rank then embeds its own,
+        load-balanced, sequence chunks at their true positions)."""
+        if self.positions is None:
+            weight = self.pos.weight
+            device = weight.to_local().device if hasattr(weight, "to_local") else weight.device
+            self.register_buffer("positions", torch.arange(self.pos.num_embeddings,
+                                                           device=device), persistent=False)
+        assert self.positions is not None
+        return self.positions
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos(self.positions[: tokens.shape[1]])
+        n = tokens.shape[1]
+        pos = self.positions[:n] if self.positions is not None else torch.arange(
+            n, device=tokens.device)
+        return self.tok(tokens) + self.pos(pos)
 
 
 class Attention(nn.Module):

@@ -137,8 +137,8 @@ class LocalStepRunner:
         buffers = [mb.inputs, mb.targets]
         dims = [1, 1]
         embed = getattr(self._model, "embed", None)
-        if embed is not None and hasattr(embed, "positions"):
-            buffers.append(embed.positions)
+        if embed is not None and hasattr(embed, "shard_positions"):
+            buffers.append(embed.shard_positions())
             dims.append(0)
         return context_parallel(self._cp_mesh, buffers=buffers, buffer_seq_dims=dims,
                                 no_restore_buffers={mb.inputs, mb.targets})

@@ -75,6 +75,7 @@ class ModelShape:
     ffn_dim: int | None = None
     params: int | None = None
     name: str = "model"
+    experts: int = 0  # MoE: every block's MLP is this many experts and a router
 
     @property
     def ffn(self) -> int:
@@ -82,8 +83,12 @@ class ModelShape:
 
     @property
     def block_params(self) -> int:
-        """Q, K, V, O projections, MLP up and down, two LayerNorms (the workers' GPT)."""
-        return 4 * self.d_model ** 2 + 2 * self.d_model * self.ffn + 4 * self.d_model
+        """Q, K, V, O projections, MLP up and down (per expert, plus the router, in a MoE
+        block), two LayerNorms (the workers' GPT)."""
+        mlp = 2 * self.d_model * self.ffn
+        if self.experts:
+            mlp = self.experts * mlp + self.d_model * self.experts
+        return 4 * self.d_model ** 2 + mlp + 4 * self.d_model
 
     @property
     def embed_params(self) -> int:
@@ -112,14 +117,15 @@ class ModelShape:
     @classmethod
     def from_gpt(cls, model: Any, *, name: str = "model") -> ModelShape:
         """From a spec.GPTModel-like object."""
+        moe = getattr(model, "moe", None)
         return cls(n_layers=model.n_layers, d_model=model.d_model, n_heads=model.n_heads,
                    vocab_size=model.vocab_size, seq_len=model.seq_len, ffn_dim=model.ffn_dim,
-                   name=name)
+                   name=name, experts=moe.experts if moe is not None else 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "n_layers": self.n_layers, "d_model": self.d_model,
                 "n_heads": self.n_heads, "ffn_dim": self.ffn, "vocab_size": self.vocab_size,
-                "seq_len": self.seq_len, "params": self.total_params}
+                "seq_len": self.seq_len, "experts": self.experts, "params": self.total_params}
 
 
 @dataclass(frozen=True)

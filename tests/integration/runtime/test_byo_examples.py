@@ -74,5 +74,6 @@ def test_ray_train_port_and_fsdp_tp_script_train_as_meshyard_jobs(runtime, store
     assert (ckpts / "step_00000003" / "model.pt").is_file()
     # FSDP + TP: the mesh the script built is the job's.
     lines = [x.line for x in store.list_logs(tp, rank=0, limit=5000)]
-    assert any("mesh {'pp': 1, 'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}" in x for x in lines)
+    assert any("mesh {'pp': 1, 'dp_replicate': 1, 'dp_shard': 2, 'ep': 1, 'cp': 1, 'tp': 2}" in x
+               for x in lines), [x for x in lines if 'mesh' in x]
     assert [m.step for m in store.list_metrics(tp, rank=3)] == [1, 2, 3, 4]
