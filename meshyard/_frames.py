@@ -156,3 +156,19 @@ def user_frame(frame: FrameType | None) -> str | None:
             return f"{where}: `{line}`" if line else where
         frame = frame.f_back
     return None
+
+
+def process_groups(dist: Any) -> dict[str, dict[str, Any]]:
+    """The groups of this process (`dist`: its torch.distributed module) keyed like the Flight
+    Recorder keys them (group name), with their GLOBAL ranks in group-rank order and their
+    description: gloo dumps carry no membership."""
+    try:
+        c10d = dist.distributed_c10d
+        out = {}
+        for pg, name in dict(c10d._world.pg_names).items():
+            ranks = c10d._world.pg_group_ranks.get(pg, {})
+            out[str(name)] = {"ranks": [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
+                              "desc": str(getattr(pg, "group_desc", "") or "")}
+        return out
+    except Exception:  # noqa: BLE001 - private API; absent means "unknown"
+        return {}

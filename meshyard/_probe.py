@@ -104,21 +104,9 @@ def watermarks() -> dict[str, dict[str, int]]:
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
-    """This process's groups keyed by group name with their global ranks in group-rank order
-    (gloo dumps carry no membership)."""
+    """This process's groups with their global ranks (`_frames.process_groups`)."""
     dist = _dist()
-    if dist is None:
-        return {}
-    try:
-        c10d = dist.distributed_c10d
-        out = {}
-        for pg, name in dict(c10d._world.pg_names).items():
-            ranks = c10d._world.pg_group_ranks.get(pg, {})
-            out[str(name)] = {"ranks": [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
-                              "desc": str(getattr(pg, "group_desc", "") or "")}
-        return out
-    except Exception:  # noqa: BLE001 - private API; absent means "unknown"
-        return {}
+    return {} if dist is None else _frames.process_groups(dist)
 
 
 def _main_frame() -> Any:

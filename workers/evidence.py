@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from meshyard import _frames
 from meshyard._frames import c10d_frame, group_id, pending_op, tensor_meta
 from orchestrator.watchdog.evidence_files import (
     rank_dir,
@@ -115,18 +116,8 @@ def _target_thread(frames: Mapping[int, FrameType]) -> int:
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
-    """This process's groups keyed like the Flight Recorder keys them (group_name), with their
-    GLOBAL ranks in group-rank order and description — gloo dumps leave pg_config empty."""
-    try:
-        c10d = _torch().distributed.distributed_c10d
-        out = {}
-        for pg, name in dict(c10d._world.pg_names).items():
-            ranks = c10d._world.pg_group_ranks.get(pg, {})
-            out[str(name)] = {"ranks": [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
-                              "desc": str(getattr(pg, "group_desc", "") or "")}
-        return out
-    except Exception:  # noqa: BLE001 - private API; absent means "unknown"
-        return {}
+    """This process's groups with their global ranks (`meshyard._frames.process_groups`)."""
+    return _frames.process_groups(_torch().distributed)
 
 
 def thread_stack_map(*, skip_current: bool = True) -> dict[str, str]:
