@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import threading
+import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -172,3 +174,23 @@ def process_groups(dist: Any) -> dict[str, dict[str, Any]]:
         return out
     except Exception:  # noqa: BLE001 - private API; absent means "unknown"
         return {}
+
+
+def stacks_by_thread_name(frames: dict[int, FrameType], *, training: int | None,
+                          skip_current: bool = True) -> dict[str, str]:
+    """Every thread's Python stack (`frames`: `sys._current_frames()`) by thread name, the
+    `training` thread's name marked " (training)", the calling thread left out unless
+    `skip_current` is False. Names, not thread ids, so identical stacks of different ranks
+    group together; a repeated name gets " #2", " #3"."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out: dict[str, str] = {}
+    for ident, frame in frames.items():
+        if skip_current and ident == threading.get_ident():
+            continue
+        label = names.get(ident, "?") + (" (training)" if ident == training else "")
+        n, key = 1, label
+        while key in out:
+            n += 1
+            key = f"{label} #{n}"
+        out[key] = "".join(traceback.format_stack(frame))
+    return out

@@ -116,20 +116,8 @@ def _main_frame() -> Any:
 def stack_map() -> dict[str, str]:
     """Every thread's Python stack but the probe's, by thread name; the main thread (where
     the user's code runs) named "MainThread (training)"."""
-    frames = sys._current_frames()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    out: dict[str, str] = {}
-    for ident, frame in frames.items():
-        if ident == threading.get_ident():
-            continue
-        label = names.get(ident, "?") + (" (training)" if ident == main else "")
-        n, key = 1, label
-        while key in out:
-            n += 1
-            key = f"{label} #{n}"
-        out[key] = "".join(traceback.format_stack(frame))
-    return out
+    return _frames.stacks_by_thread_name(sys._current_frames(),
+                                         training=threading.main_thread().ident)
 
 
 def collect(out: Path, *, request_id: str) -> dict[str, Any]:

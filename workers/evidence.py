@@ -125,19 +125,8 @@ def thread_stack_map(*, skip_current: bool = True) -> dict[str, str]:
     " (training)"; the calling thread (the one answering a diagnostics request) left out.
     Names, not thread ids, so identical stacks of different ranks group together."""
     frames = sys._current_frames()
-    target = _target_thread(frames)
-    names = {t.ident: t.name for t in threading.enumerate()}
-    out: dict[str, str] = {}
-    for ident, frame in frames.items():
-        if skip_current and ident == threading.get_ident():
-            continue
-        label = names.get(ident, "?") + (" (training)" if ident == target else "")
-        n, key = 1, label
-        while key in out:
-            n += 1
-            key = f"{label} #{n}"
-        out[key] = "".join(traceback.format_stack(frame))
-    return out
+    return _frames.stacks_by_thread_name(frames, training=_target_thread(frames),
+                                         skip_current=skip_current)
 
 
 def thread_stacks() -> tuple[str, dict[str, Any] | None, str | None]:
