@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # Tests that start no Ray cluster, no multi-process torch job and no browser run two at a time
-# (pytest-xdist, one module per worker); the others need the machine's cores and run one at a
-# time after them.
+# (pytest-xdist, one module per worker); the others run one at a time after them: they keep
+# both cores busy on their own (Ray and torch processes), and two of them side by side were no
+# faster and more often late on their timeouts.
 PARALLEL_TESTS := tests/unit tests/integration/store tests/integration/api
 XDIST ?= -n 2 --dist loadfile
 
@@ -27,7 +28,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	status=0; \
 	$(PY) -m pytest $(XDIST) $(PARALLEL_TESTS) $(PYTEST_ARGS) || status=$$?; \
-	$(PY) -m pytest $(addprefix --ignore=,$(PARALLEL_TESTS)) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest $(addprefix --ignore=,$(PARALLEL_TESTS)) --durations=30 $(PYTEST_ARGS) \
+		|| status=$$?; \
 	exit $$status
 
 check: $(VENV)/.installed

@@ -115,6 +115,9 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     metrics.add_node_health(lambda: nodes.statuses(store, settings))
     metrics.add_goodput(lambda: [(j, job_data.job_goodput(j, store).ratio)
                                  for j in store.active_jobs()[:MAX_GOODPUT_SERIES]])
+    pool_status = getattr(runtime, "pool_status", None)
+    if callable(pool_status):
+        metrics.add_warm_pool(pool_status)
     app.state.settings, app.state.store, app.state.engine = settings, store, engine
     app.state.http_metrics, app.state.runtime = metrics, runtime
     app.state.token_cache = TokenCache()

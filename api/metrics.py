@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -150,6 +151,46 @@ class GoodputCollector(Collector):
                                  labels=["job_id", "job"])
 
 
+class WarmPoolCollector(Collector):
+    """The runtime's warm pool at scrape time (Runtime.pool_status, cached a few seconds):
+    its size per node and, per node, idle / leased actors and the memory the idle
+    ones hold. Nothing when the runtime has no pool."""
+
+    _NAMES = (("idle", "meshyard_warm_pool_idle_workers", "Warm workers waiting for a job."),
+              ("leased", "meshyard_warm_pool_leased_workers", "Warm workers running a job."),
+              ("idle_rss_bytes", "meshyard_warm_pool_idle_memory_bytes",
+               "Resident memory of the idle warm workers (measured when warmed or handed back)."))
+
+    def __init__(self, status: Callable[[], dict[str, Any] | None]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families().values()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            status = self._status()
+        except Exception:  # the HTTP metrics still answer when Ray does not
+            log.warning("warm pool status unavailable for /metrics", exc_info=True)
+            return
+        if not status:
+            return
+        fams = self._families()
+        fams["size"].add_metric([], float(status.get("size", 0)))
+        for node, row in (status.get("nodes") or {}).items():
+            for key, _, _ in self._NAMES:
+                fams[key].add_metric([str(node)], float(row.get(key, 0)))
+        yield from fams.values()
+
+    @classmethod
+    def _families(cls) -> dict[str, GaugeMetricFamily]:
+        fams = {"size": GaugeMetricFamily("meshyard_warm_pool_size",
+                                          "Warm workers the pool keeps per node.")}
+        for key, name, doc in cls._NAMES:
+            fams[key] = GaugeMetricFamily(name, doc, labels=["node_id"])
+        return fams
+
+
 class HttpMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -177,6 +218,9 @@ class HttpMetrics:
 
     def add_goodput(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
         self.registry.register(GoodputCollector(ratios))
+
+    def add_warm_pool(self, status: Callable[[], dict[str, Any] | None]) -> None:
+        self.registry.register(WarmPoolCollector(status))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

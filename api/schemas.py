@@ -146,6 +146,12 @@ class MetricPoint(_Out):
     step_time_s: float | None
     tokens_per_s: float | None
     lr: float | None = None
+    grad_comm_bytes: int | None = Field(
+        default=None, description="Bytes one rank handed to the gradient collectives (DDP).")
+    grad_compression_ratio: float | None = Field(
+        default=None, description="Dense fp32 gradient payload / grad_comm_bytes (DDP).")
+    moe_aux_loss: float | None = Field(
+        default=None, description="MoE load-balancing loss, mean over the MoE layers.")
 
 
 class MetricList(_Out):

@@ -33,6 +33,7 @@ from orchestrator.store.repo import Store
 
 log = logging.getLogger("meshyard.server")
 DEMO_SUBMISSION_ID = "demo-quickstart"
+DEMO_POOL_WAIT_S = 60.0
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -123,7 +124,7 @@ def public_url(host: str, port: int) -> str:
     return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
 
 
-def _submit_demo(server: uvicorn.Server, *, url: str, token: str) -> None:
+def _submit_demo(server: uvicorn.Server, *, url: str, token: str, runtime: Any = None) -> None:
     spec = next((p for p in (Path("examples/quickstart.yaml"),
                              REPO_ROOT / "examples" / "quickstart.yaml") if p.exists()), None)
     if spec is None:
@@ -133,6 +134,12 @@ def _submit_demo(server: uvicorn.Server, *, url: str, token: str) -> None:
         time.sleep(0.05)
     if server.should_exit:
         return
+    if runtime is not None and getattr(runtime, "warm_pool", 0) > 0:
+        # The demo job starts on the warm pool, as a user's job on a running service does.
+        try:
+            runtime.wait_for_pool(timeout_s=DEMO_POOL_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the demo is submitted either way
+            log.info("--demo: submitting without a full warm pool (%s)", exc)
     try:
         with MeshyardClient(url, token) as client:
             job = client.submit(spec, submission_id=DEMO_SUBMISSION_ID)
@@ -163,8 +170,8 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
                          f"{exc.strerror}; pick another --port (0 picks a free one)") from None
     port = sock.getsockname()[1]
     url = public_url(settings.host, port)
-    app = create_app(settings, store=prepared.store,
-                     runtime=build_runtime(settings, prepared.store))
+    runtime = build_runtime(settings=settings, store=prepared.store)
+    app = create_app(settings, store=prepared.store, runtime=runtime)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=access_log,
                                            timeout_graceful_shutdown=10,
                                            proxy_headers=False))  # the app applies them
@@ -175,7 +182,7 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
         token = prepared.admin_token or prepared.store.create_token("admin", admin=True,
                                                                     label="demo")
         threading.Thread(target=_submit_demo, args=(server,), daemon=True,
-                         kwargs={"url": url, "token": token}).start()
+                         kwargs={"url": url, "token": token, "runtime": runtime}).start()
     print(f"meshyard serving on {url} (data dir {settings.data_dir})", flush=True)
     token_file = settings.data_dir / ADMIN_TOKEN_FILE
     if token_file.exists():

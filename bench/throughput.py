@@ -15,9 +15,10 @@ rounds, and each ratio is the median of the per-round ratios:
 
 * wall: steps/s = 1 / the median step duration after ``--warmup`` steps, from the wall clock
   recorded at the end of every step (the same point in both loops);
-* cpu: rank 0's median CPU seconds per step (``time.process_time()``, all threads, so the
-  heartbeat thread counts). On a shared machine this is the robust figure: other processes
-  stretch wall time, much less CPU time.
+* cpu: rank 0's mean CPU seconds per step over the same steps (``time.process_time()``, all
+  threads, so the heartbeat thread counts; the mean, so the loop's sync steps count). On a
+  shared machine this is the robust figure: other processes stretch wall time, much less
+  CPU time.
 
 Then DDP, FSDP (dp_shard=2), TP (tp=2) and PP (pp=2, 1F1B, 4 microbatches) run on the same
 model and global batch, reported relative to DDP; so do DDP with the int8 and Top-K (1%)
@@ -211,14 +212,23 @@ def mfu(steps_per_s: float, *, n_gpus: int) -> float | None:
     return achieved / (peak * n_gpus)
 
 
+def mean_step(clock: list[float], *, warmup: int) -> float:
+    """Mean per-step increment of ``clock`` after ``warmup`` steps (for CPU time, which other
+    processes barely stretch: the mean counts the loop's sync steps, which cost more than
+    the steps between them, where a median would skip them)."""
+    if len(clock) <= warmup + 2:
+        raise ValueError(f"need more than {warmup + 2} steps, got {len(clock)}")
+    return (clock[-1] - clock[warmup]) / (len(clock) - 1 - warmup)
+
+
 def _measure(run: Any, *, steps: int, warmup: int) -> tuple[float, float]:
-    """(wall-clock steps/s, rank 0's median CPU seconds per step).
+    """(wall-clock steps/s, rank 0's mean CPU seconds per step).
 
     CPU time moves much less than wall time when other processes share the cores: a rank
     waiting for its peer sleeps in gloo and a descheduled one accrues nothing.
     """
     times, cpu = run(steps)
-    return steady_rate(times, warmup=warmup), median_step(cpu, warmup=warmup)
+    return steady_rate(times, warmup=warmup), mean_step(cpu, warmup=warmup)
 
 
 def main() -> None:

@@ -48,6 +48,14 @@ class SetupError(Exception):
     """The entry point could not be loaded (wraps the original exception)."""
 
 
+# What a script, module or code string left in its globals lives until the process exits,
+# as `python train.py` keeps `__main__`'s: runpy hands the globals back when the code
+# returns, and dropping them would destroy the user's objects at once (a DDP model freed
+# right after its last collective deadlocks: ~ProcessGroupGloo joins a gloo thread that
+# waits for the GIL the freeing thread holds).
+_KEPT_GLOBALS: list[dict[str, Any]] = []
+
+
 def _die_with_parent() -> None:
     parent = os.environ.get(proto.PARENT_PID)
     if not parent or not sys.platform.startswith("linux"):
@@ -121,7 +129,7 @@ def _run_script(path: str, args: list[str]) -> None:
         raise SetupError(exc) from exc
     sys.argv = [path, *args]
     sys.path[0] = str(script.resolve().parent)
-    runpy.run_path(path, run_name="__main__")
+    _KEPT_GLOBALS.append(runpy.run_path(path, run_name="__main__"))
 
 
 def _run_module(name: str, args: list[str]) -> None:
@@ -133,7 +141,7 @@ def _run_module(name: str, args: list[str]) -> None:
         raise SetupError(exc) from exc
     if spec is None:
         raise SetupError(ModuleNotFoundError(f"No module named {name!r}", name=name))
-    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    _KEPT_GLOBALS.append(runpy.run_module(name, run_name="__main__", alter_sys=True))
 
 
 def _run(mode: str, rest: list[str]) -> None:
@@ -144,7 +152,9 @@ def _run(mode: str, rest: list[str]) -> None:
     elif mode == "code":
         sys.argv = ["-c", *rest[1:]]
         sys.path[0] = ""
-        exec(compile(rest[0], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+        globs: dict[str, Any] = {"__name__": "__main__"}
+        _KEPT_GLOBALS.append(globs)
+        exec(compile(rest[0], "<string>", "exec"), globs)  # noqa: S102
     elif mode == "function":
         _run_function(rest[0])
     elif mode == "exec":

@@ -12,6 +12,10 @@ healthy nodes over suspect ones. What moves a node:
     a rank that died with a device or NIC error (CUDA, Xid, ECC,    cordon
       IB completion errors ...)
     a failed pre-flight check naming the node                       cordon
+    a diagnosis round's driver errors on a GPU of the job            cordon that GPU
+      (nvidia-smi -q: uncorrectable ECC, retired page / remapped
+      row pending, remapping failure; kernel log: Xid 48, 63, 64,
+      74, 79, 94, 95), whatever the verdict
     a straggler; a first timeout (a hang naming culprit ranks       suspect
       without hardware evidence)
     collective mismatch, non-collective hang, a plain crash         nothing: software

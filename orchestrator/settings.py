@@ -19,6 +19,10 @@ from orchestrator.health import HealthPolicy
 from orchestrator.quotas import Quota
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Warm pool defaults (per node): the demo job's world size on the embedded Ray; a
+# small number per node on a shared Ray cluster, where every node pays the memory.
+EMBEDDED_WARM_POOL = 2
+CLUSTER_WARM_POOL = 1
 CommaList = Annotated[list[str], NoDecode]
 
 
@@ -42,10 +46,21 @@ class Settings(BaseSettings):
     cluster_file: Path | None = Field(default=None, description="Declared topology YAML.")
     scheduler_enabled: bool = Field(default=True, description="Run the scheduler loop.")
     max_body_bytes: int = 1024 * 1024
-    warm_pool: int = Field(
-        default=0, ge=0, le=64,
-        description="Pre-started worker actors per CPU node, reused across jobs (0 = off).",
+    warm_pool: int | None = Field(
+        default=None, ge=0, le=64,
+        description="Pre-started worker actors per node, reused across jobs (0 = off). "
+        f"Default: {EMBEDDED_WARM_POOL} on the embedded Ray (the demo job's two ranks), "
+        f"{CLUSTER_WARM_POOL} per node on a Ray cluster (--ray-address).",
     )
+    warm_pool_user_code: bool = Field(
+        default=True, description="Each pooled worker also keeps a prestarted rank process "
+        "(torch imported; about half the pool's idle memory) so script and function jobs "
+        "start warm too; off: only jobs of the built-in loop do.")
+    spare_controllers: int = Field(
+        default=1, ge=0, le=16,
+        description="Attempt controllers started ahead of the jobs that will need them (a new "
+        "controller is a new Ray worker process: about half a second before the workers "
+        "start); 0 = start one per attempt.")
     confine_workers: bool = Field(
         default=True, description="Start the embedded Ray confined (Landlock) out of the "
         "data dir, except the run dirs and data roots; without Landlock it starts unconfined "
@@ -137,6 +152,13 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'meshyard.db').resolve()}"
+
+    @property
+    def resolved_warm_pool(self) -> int:
+        """Warm worker actors per node (orchestrator/runtime/pool.py)."""
+        if self.warm_pool is not None:
+            return self.warm_pool
+        return CLUSTER_WARM_POOL if self.ray_address else EMBEDDED_WARM_POOL
 
     @property
     def resolved_runs_dir(self) -> Path:

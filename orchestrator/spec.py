@@ -33,7 +33,10 @@ SPEC_VERSION = 1
 # Names land in the database and in log lines: no NUL or other control characters.
 PRINTABLE_RE = r"^[^\x00-\x1f\x7f]+$"
 # The built-in loop's blocks: a job with an entrypoint runs its own code and has none of them.
-LOOP_FIELDS = ("model", "data", "training", "checkpoint", "inject_fault")
+LOOP_FIELDS = ("model", "data", "training", "checkpoint")
+# Fault kinds that fire outside the built-in loop (in the pre-flight check), so a user-code
+# job may inject them too.
+USER_CODE_FAULTS = ("slow_send",)
 # Parallelism options only the built-in loop acts on.
 LOOP_PARALLELISM = ("auto", "auto_gpus", "auto_global_batch", "pp_schedule", "pp_microbatches",
                     "pp_virtual_stages", "sequence_parallel", "activation_checkpointing", "ep",
@@ -227,6 +230,11 @@ class MoE(_Frozen):
         default=1.25, gt=0, le=16,
         description="Slots per expert per sequence = ceil(capacity_factor * seq_len * top_k / "
         "experts); tokens past an expert's capacity are dropped (first choices first).")
+    aux_loss_coef: float = Field(
+        default=0.01, ge=0, le=1,
+        description="Weight of the load-balancing auxiliary loss (Switch Transformer / GShard, "
+        "mean over the MoE layers) added to the training loss; 0 disables it. The reported "
+        "`loss` stays the language-model loss; the auxiliary one is `moe_aux_loss`.")
 
 
 class GPTModel(_Frozen):
@@ -371,13 +379,15 @@ class Debug(_Frozen):
 class Preflight(_Frozen):
     enabled: bool = Field(default=True, description="Before step 1 of every attempt, the "
                           "placed gang times an all-reduce per process group and a p2p ring "
-                          "(rank r -> r+1); a link far slower than its peers fails the attempt "
-                          "before training starts, and its node is re-placed around.")
+                          "(rank r -> r+1); a link far slower than its expected figure or its "
+                          "peers fails the attempt before training starts, and its node is "
+                          "re-placed around.")
     size_mib: float = Field(default=1.0, gt=0, le=64, description="Message size per test.")
     repeats: int = Field(default=3, ge=1, le=10, description="Timed runs per test (the best "
                          "counts).")
     min_ratio: float = Field(default=0.1, gt=0, le=1, description="A test whose bandwidth is "
-                             "below this fraction of the median of its kind fails.")
+                             "below this fraction of its link's expected figure (calibrated or "
+                             "default) or of the median of its kind fails.")
     timeout_s: float = Field(default=10.0, gt=0, le=120, description="The whole check's "
                              "bound; a test still running then fails it.")
 
@@ -435,6 +445,8 @@ class JobSpec(_Frozen):
         if self.entrypoint is not None and isinstance(out, dict):
             for key in LOOP_FIELDS:
                 out.pop(key, None)
+            if out.get("inject_fault") is None:
+                out.pop("inject_fault", None)
         return out
 
     @model_validator(mode="before")
@@ -553,8 +565,8 @@ def _parallel_issues(spec: JobSpec) -> list[FieldIssue]:
         out.append(FieldIssue("parallelism.pp_microbatches", f"{p.pp_schedule.value} with pp="
                               f"{p.pp} needs pp_microbatches >= {p.pp}"))
     if p.auto and p.world_size > 1:
-        out.append(FieldIssue("parallelism.auto", "auto chooses tp/pp/dp_shard/dp_replicate; "
-                              "remove them or set auto: false"))
+        out.append(FieldIssue("parallelism.auto", "auto chooses tp/pp/dp_shard/dp_replicate/"
+                              "ep/cp; remove them or set auto: false"))
     stage = p.effective_zero_stage()
     if stage in (2, 3) and p.dp_shard == 1:
         out.append(FieldIssue("parallelism.zero_stage", f"zero_stage={stage} shards over dp_shard,"
@@ -587,10 +599,6 @@ def _ep_cp_issues(spec: JobSpec) -> list[FieldIssue]:
         if p.dp_shard > 1 and p.effective_zero_stage() < 2:
             out.append(FieldIssue("parallelism.zero_stage", "ep with dp_shard > 1 shards with "
                                   "FSDP; use zero_stage 2 or 3"))
-        if spec.checkpoint.enabled:
-            out.append(FieldIssue("checkpoint.enabled", "checkpoints of expert-parallel jobs "
-                                  "are not supported (each rank holds different experts under "
-                                  "the same names); set checkpoint.enabled: false"))
     if p.cp > 1:
         if spec.resources.device == Device.CPU:
             out.append(FieldIssue("parallelism.cp", "context parallel runs on CUDA only: "
@@ -644,6 +652,11 @@ def _entrypoint_issues(spec: JobSpec) -> list[FieldIssue]:
     out = [FieldIssue(key, f"{key} belongs to the built-in training loop, but this job runs "
                       "its own code (entrypoint); remove one of the two")
            for key in LOOP_FIELDS if key in spec.model_fields_set]
+    f = spec.inject_fault
+    if f is not None and f.kind.value not in USER_CODE_FAULTS:
+        out.append(FieldIssue("inject_fault.kind", f"{f.kind.value} acts inside the built-in "
+                              "training loop; a job with an entrypoint can inject only "
+                              f"{', '.join(USER_CODE_FAULTS)} (it fires in the pre-flight check)"))
     p, r = spec.parallelism, spec.resources
     # By value, not by presence: a stored spec carries every parallelism field at its default.
     defaults = Parallelism()

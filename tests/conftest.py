@@ -59,3 +59,25 @@ def _no_ray_connection_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         print(f"\n[conftest] {request.module.__name__} left Ray initialized; shutting it down",
               file=sys.stderr)
         ray.shutdown()
+
+
+
+def _rank(item: pytest.Item) -> int:
+    """0: a slow test (real Ray jobs, torchrun launches) or a browser test, 1: other tests
+    outside tests/unit, 2: unit tests."""
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("browser"):
+        return 0
+    return 2 if "unit" in Path(str(item.path)).relative_to(Path(__file__).parent).parts else 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Folders with the longest tests first; each folder's modules, and each module's tests,
+    kept together and in order (a folder's package-scoped Ray cluster starts once), so a run
+    that fails on a slow module says so early."""
+    first: dict[Path, int] = {}
+    rank: dict[Path, int] = {}
+    for i, item in enumerate(items):
+        folder = Path(str(item.path)).parent
+        first.setdefault(folder, i)
+        rank[folder] = min(rank.get(folder, 2), _rank(item))
+    items.sort(key=lambda it: (rank[Path(str(it.path)).parent], first[Path(str(it.path)).parent]))

@@ -21,6 +21,7 @@ queued behind a poll.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -40,6 +41,7 @@ import ray
 from orchestrator.worker_env import allowlisted
 from workers.assignment import RankAssignment, RankResult, WorkerPoll, WorkerState
 from workers.logcapture import LogCapture, private_opener
+from workers.rankproc import PrestartedRank, alive, become_subreaper
 from workers.usage import ProcessSampler
 
 _MAX_BUFFERED_LOGS = 20_000
@@ -75,6 +77,13 @@ class _Buffer:
             self._metrics.append(kept)
             self.last_step = row.get("step", self.last_step)
             self._keep(kept)
+
+    def pending(self, row: dict[str, Any]) -> None:
+        """A finished step's row before its sync (no ``loss`` yet): only into the file, so a
+        rank that dies before the sync leaves it for the control plane; the full row follows
+        at the sync (metric()) and the reader merges the two (runtime/metrics_files.py)."""
+        with self._lock:
+            self._keep(dict(row, rank=self.rank))
 
     def _keep(self, row: dict[str, Any]) -> None:
         if self._metrics_path is None:
@@ -128,6 +137,9 @@ class _ActorCallbacks:
     def on_step(self, metrics: dict[str, Any]) -> None:
         self._buf.metric(metrics)
 
+    def on_step_pending(self, metrics: dict[str, Any]) -> None:
+        self._buf.pending(metrics)
+
     def on_heartbeat(self, hb: Any) -> None:
         self._buf.heartbeat = hb.to_dict() if hasattr(hb, "to_dict") else dict(hb)
 
@@ -160,10 +172,10 @@ class WorkerActor:
         self._baseline_threads = {t.ident for t in threading.enumerate()}
         # Where Ray's working_dir (an uploaded package) put this process: the code is below.
         self._start_cwd = os.getcwd()
-        from workers.rankproc import become_subreaper
-
         become_subreaper()  # a user job's orphaned grandchildren come back to this actor
         self._usage: ProcessSampler | None = None
+        # A pooled actor's next user-code rank process, started before its job (warm()).
+        self._prestart: PrestartedRank | None = None
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -180,14 +192,46 @@ class WorkerActor:
         return free_port(ray.util.get_node_ip_address())
 
     @ray.method(concurrency_group="control")
-    def warm(self) -> float:
-        """Imports torch and the workers core now, so a pooled actor starts its job fast."""
+    def warm(self, *, prestart: bool = True, ready_s: float = 60.0) -> dict[str, float]:
+        """Imports torch and the workers core now and, with `prestart`, starts the rank
+        process of a user-code job (meshyard/_prestart.py), so a pooled actor starts either
+        kind of job fast. No CUDA call: an idle actor holds no GPU memory. Returns the
+        seconds it took and the resident memory of this process and its prestarted one,
+        waiting up to `ready_s` for the latter's imports (a slower one is kept: a job only
+        waits longer for it)."""
         t0 = time.perf_counter()
         import torch  # noqa: F401
 
-        for mod in ("workers.loop", "workers.env"):
+        for mod in ("workers.loop", "workers.env", "workers.usercode"):
             importlib.import_module(mod)
-        return time.perf_counter() - t0
+        if prestart:
+            self._prestart_next()
+        if self._prestart is not None and not self._prestart.wait_ready(timeout_s=ready_s) \
+                and self._prestart.pid is not None and not alive(self._prestart.pid):
+            self._prestart.close()
+            self._prestart = None
+        return {"seconds": time.perf_counter() - t0, "rss_bytes": float(self._rss())}
+
+    def _prestart_next(self) -> None:
+        """Starts the next prestarted rank process (from a "control" thread: those live as
+        long as the actor, see PrestartedRank.spawn)."""
+        if self._prestart is not None:
+            return
+        try:
+            self._prestart = PrestartedRank.spawn(python=sys.executable, env=os.environ,
+                                                  cwd=self._start_cwd)
+        except OSError:
+            self._prestart = None  # user-code jobs start their rank cold then
+
+    def _rss(self) -> int:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+        pid = self._prestart.pid if self._prestart is not None else None
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                rss += psutil.Process(pid).memory_info().rss
+        return int(rss)
 
     def run(self, assignment: RankAssignment) -> RankResult:
         """Trains one rank to completion (or until stopped). Never raises for training errors:
@@ -197,12 +241,16 @@ class WorkerActor:
         self._stop.clear()
         self._buf = _Buffer(rank=rank, metrics_file=assignment.log_path("metrics.jsonl"))
         self._assignment = self._last_assignment = assignment
-        if self._usage is None:
-            gpus = ray.get_gpu_ids()
+        gpus = ray.get_gpu_ids() if assignment.visible_gpus is None else assignment.visible_gpus
+        if self._usage is None or assignment.visible_gpus is not None:
             self._usage = ProcessSampler(gpu_index=int(gpus[0]) if gpus else None)
         self._state = WorkerState.RUNNING
         Path(assignment.log_dir).mkdir(parents=True, exist_ok=True)
         saved = _ProcessState.capture()
+        if assignment.visible_gpus is not None:
+            # What Ray sets for a cold actor with these GPUs; no CUDA call has been made
+            # in this process yet (warm() makes none), so it takes effect.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, assignment.visible_gpus))
         capture = LogCapture(stdout=assignment.log_path("stdout"),
                              stderr=assignment.log_path("stderr"), sink=self._buf.log)
         capture.start()
@@ -224,7 +272,8 @@ class WorkerActor:
             fn = _load(a.train_fn or "workers.loop:run_training")
             callbacks = _ActorCallbacks(self._buf, a.log_path("log"))
             kwargs: dict[str, Any] = {"out_dir": a.run_dir, "callbacks": callbacks,
-                                      "stop_event": self._stop, "attempt": a.attempt}
+                                      "stop_event": self._stop, "attempt": a.attempt,
+                                      "preflight_links": a.preflight_links}
             if a.steps is not None:
                 kwargs["steps"] = a.steps
             params = inspect.signature(fn).parameters
@@ -244,16 +293,23 @@ class WorkerActor:
 
     def _run_user(self, a: RankAssignment) -> RankResult:
         """A user-code rank: one child process (workers/usercode.py); never raises."""
-        from workers.usercode import run_user_rank
+        from workers.usercode import run_user_rank, unpack_package
 
+        prestarted, self._prestart = self._prestart, None
         try:
-            result = run_user_rank(a, sink=self._buf, stop=self._stop,
-                                   actor_cwd=self._start_cwd)
+            # Where Ray's working_dir would have put this actor: the package's root.
+            root = self._start_cwd if a.package_uri is None else \
+                str(unpack_package(a.package_uri, base=Path(a.run_dir) / "code"))
+            result = run_user_rank(a, sink=self._buf, stop=self._stop, actor_cwd=root,
+                                   prestarted=prestarted)
         except Exception as exc:  # noqa: BLE001 - reported to the controller, not swallowed
             tb = traceback.format_exc()
             sys.stderr.write(tb)
             result = RankResult(rank=a.rank, state=WorkerState.ERROR,
                                 error_type=type(exc).__name__, message=str(exc), traceback=tb)
+        finally:
+            if prestarted is not None:
+                prestarted.close()  # not handed (the rank started cold): never reused
         self._state = result.state
         return result
 
@@ -271,8 +327,9 @@ class WorkerActor:
         return self._state
 
     @ray.method(concurrency_group="control")
-    def check_clean(self) -> dict[str, Any]:
-        """May this actor run another job? (warm pool; see orchestrator/runtime/pool.py)"""
+    def check_clean(self, *, prestart: bool = True) -> dict[str, Any]:
+        """May this actor run another job? (warm pool; see orchestrator/runtime/pool.py)
+        If so, and with `prestart`, its next prestarted rank process starts now."""
         reasons = []
         if self._state not in (WorkerState.IDLE, WorkerState.COMPLETED):
             reasons.append(f"last run ended {self._state}")
@@ -288,8 +345,14 @@ class WorkerActor:
                  and t.ident not in self._baseline_threads]
         if extra:
             reasons.append(f"non-daemon threads left: {extra}")
+        if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+            # CUDA_VISIBLE_DEVICES took effect at the first CUDA call: this process keeps
+            # the last job's GPUs (and their memory) for good.
+            reasons.append("a CUDA context exists")
+        if not reasons and prestart:
+            self._prestart_next()  # the last one became a user-code rank
         return {"clean": not reasons, "reasons": reasons, "jobs_run": self._jobs_run,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "rss_bytes": self._rss()}
 
     @ray.method(concurrency_group="diag")
     def diagnostics(self, request: dict[str, Any] | None = None) -> dict[str, Any]:

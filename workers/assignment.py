@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from orchestrator.preflight import ExpectedLink
 from orchestrator.spec import JobSpec
 
 
@@ -82,6 +83,24 @@ class RankAssignment:
     node_rank: int = 0  # this node's index among the job's nodes (torchrun's GROUP_RANK)
     num_nodes: int = 1
     local_gpus: tuple[int, ...] = ()  # GPU ids of this node's ranks, in local-rank order
+    # A pooled actor's GPUs (its bundle's, which Ray did not assign to it: it was created
+    # before the job); it sets CUDA_VISIBLE_DEVICES to them as Ray does for a cold actor.
+    # None: Ray's own assignment stands.
+    visible_gpus: tuple[int, ...] | None = None
+    # A pooled actor's uploaded code (`gcs://` URI): it was created without the job's Ray
+    # working_dir, so it unpacks the package itself (workers/usercode.py). None: Ray did.
+    package_uri: str | None = None
+    # The pre-flight check's expected figure per group this rank tests and the pair into it,
+    # per backend ("gloo", "nccl": the rank picks the one it runs; a GPU bundle can run gloo
+    # when CUDA is absent); empty: the links are compared with each other only.
+    preflight_links: Mapping[str, Mapping[str, ExpectedLink]] = field(default_factory=dict)
+    # User code: the pre-flight check's own rendezvous port on MASTER_ADDR (None: no check).
+    preflight_port: int | None = None
+
+    @property
+    def runs_user_preflight(self) -> bool:
+        return (self.spec.entrypoint is not None and self.spec.preflight.enabled
+                and self.dist.world_size > 1 and bool(self.preflight_port))
 
     def log_path(self, suffix: str) -> Path:
         return rank_log_path(self.log_dir, self.rank, suffix)

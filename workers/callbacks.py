@@ -2,10 +2,14 @@
 
 The loop (``workers.loop.run_training``) reports three things, on every rank:
 
-* ``on_step(metrics)`` once per optimizer step, from the training thread. ``metrics`` is a
+* ``on_step(metrics)`` once per optimizer step, from the training thread, at the loop's sync
+  steps (workers/stepsync.py: the rows since the last sync, in order). ``metrics`` is a
   plain dict (JSON-serialisable) with at least ``step, loss, time, tokens_per_s, step_time_s,
   grad_norm``; ``loss`` is the global mean over every data-parallel rank, so it is identical
   on all ranks.
+* ``on_step_pending(metrics)`` (optional: hosts without it are skipped) as soon as a step is
+  done, before its sync: the same row without ``loss``. A host that must not lose a step to a
+  crash between syncs keeps it (the Ray worker actor appends it to its run-dir file).
 * ``on_heartbeat(hb)`` every ``heartbeat_interval_s`` from a side thread (``workers.heartbeat``),
   also while the training thread is blocked inside a collective or in user code — a stuck rank
   keeps reporting the phase and collective sequence numbers where it is stuck.
@@ -119,6 +123,12 @@ class CompositeCallbacks:
     def on_checkpoint(self, info: dict[str, Any]) -> None:
         for cb in self._cbs:
             report_checkpoint(cb, info)
+
+    def on_step_pending(self, metrics: dict[str, Any]) -> None:
+        for cb in self._cbs:
+            hook = getattr(cb, "on_step_pending", None)
+            if hook is not None:
+                hook(metrics)
 
 
 class FileCallbacks:

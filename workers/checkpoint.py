@@ -20,6 +20,11 @@ saved leaves the new ranks' RNG as seeded.
 A DDP comm hook's state (Top-K residuals, PowerSGD's error feedback and memories, see
 `workers.compression`) goes into ``comm_hook/rank_<r>.pt`` the same way and is restored when
 the resumed run uses the same hook.
+
+Expert-parallel ranks hold different experts under the same names; their weights and Adam
+moments are saved as DTensors of the full expert set over the ep mesh
+(`workers.moe.ExpertShards`), so DCP writes each expert once and a checkpoint loads under
+any ep degree (ep = 1 included) that divides the experts.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from orchestrator.spec import JobSpec
 from workers.compression import hook_state
+from workers.moe import ExpertShards
 
 MARKER = "COMPLETE"
 # Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
@@ -123,6 +129,7 @@ class Checkpointer:
         self.rng_restored = False
         self.hook_restored = False
         self._hook = hook_state(self._model)
+        self._experts = ExpertShards(self._model)
         self._async = self._cfg.enabled and self._cfg.async_save and dist.is_initialized()
         # The async save's background thread runs collectives (plan / metadata exchange).
         # On the training group they would interleave with the main thread's gradient
@@ -144,6 +151,12 @@ class Checkpointer:
         msd, osd = get_state_dict(model, self._opt, options=_OPTIM_OPTIONS)
         return {"model": msd, "optim": osd}
 
+    def _on_disk(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` as DCP writes and reads it: expert weights as the full expert set."""
+        if not self._experts:
+            return state
+        return {k: self._experts.to_global(v) for k, v in state.items()}
+
     # -- save -------------------------------------------------------------------------------
     def maybe_save(self, step: int, *, final: bool = False) -> bool:
         if not self._cfg.enabled or step == self._last_saved:
@@ -156,7 +169,7 @@ class Checkpointer:
     def save(self, step: int) -> None:
         self.wait()
         path = _step_dir(self._root, step)
-        state = self._state()
+        state = self._on_disk(self._state())
         # Taken with the state: the RNG as the next step will find it.
         rng_file = _rng_file(path, self._rank)
         rng_file.parent.mkdir(parents=True, exist_ok=True)
@@ -213,14 +226,15 @@ class Checkpointer:
         path = _step_dir(self._root, step)
         state = self._state()
         zero1_state = None
-        if not self._zero1 and not (path / ZERO1_FILE).is_file():
-            dcp.load(state, checkpoint_id=str(path))
-        else:
+        if self._zero1 or (path / ZERO1_FILE).is_file():
             # Model only: the optimizer state is either ZeRO-1's file or absent in DCP.
             state = {"model": state["model"]}
-            dcp.load(state, checkpoint_id=str(path))
             if self._zero1 and (path / ZERO1_FILE).is_file():
                 zero1_state = torch.load(path / ZERO1_FILE, weights_only=False)
+        disk = self._on_disk(state)
+        dcp.load(disk, checkpoint_id=str(path))
+        for key, part in state.items():
+            self._experts.load_into(disk[key], part)
         model = self._model
         if "optim" in state:
             set_state_dict(model, self._opt, model_state_dict=state["model"],

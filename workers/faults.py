@@ -1,10 +1,11 @@
 """Fault injection from the spec's ``inject_fault: {kind, rank, step}`` block (tests, demos).
 
 The loop calls :meth:`FaultInjector.before_step` at the start of every step (phase ``data``)
-and :meth:`FaultInjector.before_collective` just before its own per-step collective (the
-all-reduce of the loss, phase ``optimizer``); the pipeline runner calls
-:meth:`FaultInjector.maybe_p2p_stall` just before a stage sends its activations. What each
-kind looks like to the hang watchdog (heartbeats + Flight Recorder):
+and :meth:`FaultInjector.before_collective` just before its own collective (the all-reduce of
+the loss, phase ``optimizer``, workers/stepsync.py), which every rank runs at a fault's step
+(:meth:`FaultInjector.in_step_collective`) even between its regular sync steps; the
+pipeline runner calls :meth:`FaultInjector.maybe_p2p_stall` just before a stage sends its
+activations. What each kind looks like to the hang watchdog (heartbeats + Flight Recorder):
 
 * ``hang`` — rank R blocks forever (in ``_hang_before_collective``) at step S before the loss
   all-reduce. Its heartbeat keeps coming with phase ``optimizer`` and, for the default group,
@@ -111,6 +112,14 @@ class FaultInjector:
         f = self.fault
         return (f is not None and f.kind == kind and step == f.step
                 and (any_rank or f.rank == self.rank))
+
+    def in_step_collective(self, step: int) -> bool:
+        """Whether the loop's collective is where this fault strikes at ``step`` (on any rank:
+        every rank must then run that collective)."""
+        f = self.fault
+        return (f is not None and step == f.step
+                and f.kind in (FaultKind.HANG, FaultKind.NIC_HANG, FaultKind.DESYNC,
+                               FaultKind.MISMATCH))
 
     def before_step(self, step: int) -> None:
         f = self.fault

@@ -9,19 +9,23 @@ One step::
     data      DataSource.batches(step)           (fault hook: crash / slow / user_hang)
     forward   \\  StepRunner.train_step         (LocalStepRunner or the pipeline runner)
     backward  /   gradient sync inside (DDP / FSDP / PP)
-    optimizer loss all-reduce (fault hook: hang / mismatch / desync), clip, optimizer.step
+    optimizer clip, optimizer.step; on a sync step the loss all-reduce
+              (fault hook: hang / mismatch / desync)
     checkpoint every N steps (DCP, async where allowed)
 
-The loop's own collective per step is one all-reduce of [loss_sum, count, stop votes] over the
-world, so the logged loss is the global mean whatever the layout (TP ranks count the same loss
-once each, non-last pipeline stages contribute zero), and a ``stop_event`` set on any rank
-stops every rank after the same step (with a checkpoint when checkpointing is on).
+The loop's own collective is one all-reduce of [loss sums, counts, stop votes] over the world
+every few steps (workers/stepsync.py: the first and last step, fault steps, and otherwise
+about every 0.5 s of training), so the logged loss is the global mean whatever the layout
+(TP ranks count the same loss once each, non-last pipeline stages contribute zero), a
+metrics row reaches ``on_step`` at that sync, and a ``stop_event`` set on any rank stops
+every rank after the same step (with a checkpoint when checkpointing is on).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +34,14 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.mesh import MeshShape
+from orchestrator.preflight import ExpectedLink
 from orchestrator.spec import GPTModel, JobSpec
 from workers import compression, mfu
 from workers.callbacks import NullCallbacks, Phase, TrainingCallbacks, report_checkpoint
 from workers.checkpoint import Checkpointer
 from workers.data import DataSource
 from workers.env import DistEnv, init_distributed, select_device, set_collective_timeout
-from workers.evidence import announce_step_collective
-from workers.faults import MISMATCH_NUMEL, CollectiveAction, FaultInjector
+from workers.faults import FaultInjector
 from workers.heartbeat import HeartbeatThread, Progress, dump_flight_recorder
 from workers.mesh import build_mesh
 from workers.model import build_model, loss_fn
@@ -45,6 +49,7 @@ from workers.moe import aux_loss_metric
 from workers.parallelize import build_optimizer, dp_plan, parallelize
 from workers.preflight import run_preflight
 from workers.runner import BuildContext, StepRunner, build_runner
+from workers.stepsync import StepSync
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class _Run:
     progress: Progress
     callbacks: TrainingCallbacks
     tokens_per_step: int
+    # Clipping runs collectives (DTensor gradients of FSDP / TP, the pp-wide norm).
+    clip_communicates: bool = True
     # Model FLOPs per step over the job's peak FLOP/s (CUDA with a known peak), else None.
     mfu_per_tokens_per_s: float | None = None
 
@@ -85,6 +92,7 @@ def run_training(
     attempt: int = 1,
     checkpoint_dir: str | Path | None = None,
     heartbeat_interval_s: float = 1.0,
+    preflight_links: Mapping[str, Mapping[str, ExpectedLink]] | None = None,
 ) -> TrainingResult:
     """Trains ``spec`` on this rank; every rank of the job calls it.
 
@@ -95,6 +103,8 @@ def run_training(
     a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
     (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
     Heartbeats go to ``callbacks.on_heartbeat`` every ``heartbeat_interval_s`` (0 disables).
+    ``preflight_links``: the pre-flight check's expected figures for this rank's links, per
+    backend.
     Metrics include ``mfu`` on CUDA devices with a known peak (see workers.mfu), and
     ``grad_comm_bytes`` / ``grad_compression_ratio`` under a DDP comm hook
     (workers.compression).
@@ -117,7 +127,8 @@ def run_training(
         device = select_device(spec, local_rank=env.local_rank)
         created_pg = init_distributed(spec, dist_env=env, device=device)
         run = _setup(spec, built=built, dims=dims, env=env, device=device, seed=seed,
-                     reference=reference, progress=progress, callbacks=cbs, attempt=attempt)
+                     reference=reference, progress=progress, callbacks=cbs, attempt=attempt,
+                     preflight_links=preflight_links or {})
         ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
                             parts=run.runner.model_parts, optimizer=run.optimizer,
                             rank=env.rank, on_saved=lambda info: report_checkpoint(cbs, info))
@@ -139,7 +150,8 @@ def run_training(
 
 def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
            device: torch.device, seed: int, reference: bool, progress: Progress,
-           callbacks: TrainingCallbacks, attempt: int) -> _Run:
+           callbacks: TrainingCallbacks, attempt: int,
+           preflight_links: Mapping[str, Mapping[str, ExpectedLink]]) -> _Run:
     mesh = build_mesh(dims, device_type=device.type) if env.world_size > 1 else None
     n_params = sum(p.numel() for p in built.module.parameters())  # before sharding
     # The reference baseline never misbehaves, whatever the spec injects into the real job.
@@ -147,7 +159,7 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
         FaultInjector.from_spec(spec, rank=env.rank, attempt=attempt)
     if spec.preflight.enabled and not reference and env.world_size > 1:
         checked = run_preflight(spec.preflight, mesh=mesh, rank=env.rank, device=device,
-                                faults=faults)
+                                faults=faults, expected=preflight_links)
         callbacks.on_log("INFO", f"pre-flight check passed in {checked['seconds']:.3f} s "
                          f"({checked['tests']} tests of {checked['bytes'] / 2**20:g} MiB)")
 
@@ -168,6 +180,7 @@ def _setup(spec: JobSpec, *, built: Any, dims: MeshShape, env: DistEnv,
     return _Run(spec=spec, rank=env.rank, world=env.world_size, device=device, runner=runner,
                 optimizer=optimizer, data=data, faults=faults, progress=progress,
                 callbacks=callbacks, tokens_per_step=spec.global_batch_size * built.seq_len,
+                clip_communicates=dims.pp > 1 or dims.tp > 1 or dims.dp_shard > 1,
                 mfu_per_tokens_per_s=_mfu_factor(spec, n_params=n_params, device=device,
                                                  world=env.world_size))
 
@@ -183,61 +196,39 @@ def _mfu_factor(spec: JobSpec, *, n_params: int, device: torch.device,
     return mfu.mfu(tokens_per_s=1.0, flops_per_token=fpt, peak=peak, world_size=world)
 
 
-def _reduce_loss(run: _Run, loss: torch.Tensor | None, step: int, *,
-                 stop: bool) -> tuple[float, bool]:
-    """One all-reduce of [loss sum, count, stop votes] -> (global mean loss, any rank asked to
-    stop). The loop's fault-injection point.
-
-    Stopping rides on this collective so that every rank stops after the same step: a cancel
-    reaching the ranks a few ms apart must not leave one rank in the next step's collectives.
-    """
-    vals = torch.zeros(3, device=run.device)
-    if loss is not None:
-        vals[0], vals[1] = loss, 1.0
-    vals[2] = float(stop)
-    if run.world > 1:
-        action = run.faults.before_collective(step)
-        if action == CollectiveAction.MISMATCH:
-            vals = torch.zeros(MISMATCH_NUMEL, device=run.device)
-        if action != CollectiveAction.SKIP:
-            # gloo SIGABRTs a rank on a size mismatch: the announced op is its evidence.
-            announce_step_collective("all_reduce", vals)
-            dist.all_reduce(vals)
-    loss_sum, count, votes = vals[:3].tolist()
-    return loss_sum / max(count, 1.0), votes > 0
-
-
 def _settle(run: _Run) -> None:
-    """On gloo, marks what is enqueued as completed (Progress.settle_collectives) at the two
-    points where the training thread has waited for all of it: a step's start, and the end of
-    its backward (DDP and FSDP wait for their gradient collectives before it returns; gloo's
-    two threads finish DDP's buckets in any order). Not on NCCL: the watchdog thread keeps
-    that watermark in order, and a collective can still be running on the GPU stream when
-    the host returns from backward."""
+    """On gloo, marks what is enqueued as completed (Progress.settle_collectives) where the
+    training thread has waited for all of it: the end of a step's backward (DDP and FSDP wait
+    for their gradient collectives before it returns; gloo's two threads finish DDP's buckets
+    in any order), and a step's start when collectives ran since (the loop's own, a clip that
+    communicates, a checkpoint). Not on NCCL: the watchdog thread keeps that watermark in
+    order, and a collective can still be running on the GPU stream when the host returns
+    from backward."""
     if run.device.type == "cpu":
         run.progress.settle_collectives()
 
 
-def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
+def _one_step(run: _Run, step: int, *, settle_first: bool) -> tuple[dict[str, Any],
+                                                                     torch.Tensor | None]:
+    """One step up to the optimizer -> (its metrics row without ``loss``, the local loss)."""
     t0 = time.perf_counter()
     run.progress.enter(Phase.DATA, step)
-    _settle(run)
+    if settle_first:
+        _settle(run)
     run.faults.before_step(step)
     batches = run.data.batches(step)
     loss = run.runner.train_step(batches, step=step, progress=run.progress)
     run.progress.enter(Phase.OPTIMIZER)
     _settle(run)
-    loss_value, stop = _reduce_loss(run, loss, step, stop=stop_requested)
     # The runner clips: a pipeline rank holds only its stages' parameters and sums the norm
     # over the pp group so clipping matches the whole model.
     grad_norm = run.runner.clip_grad_norm(run.spec.training.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
-    out: dict[str, Any] = {"step": step, "loss": loss_value, "time": time.time(),
-                           "step_time_s": dt,
+    out: dict[str, Any] = {"step": step, "time": time.time(), "step_time_s": dt,
                            "tokens_per_s": run.tokens_per_step / dt, "grad_norm": grad_norm,
-                           "lr": _current_lr(run.optimizer), "stop": stop}
+                           "lr": _current_lr(run.optimizer)}
     if run.mfu_per_tokens_per_s is not None:
         out["mfu"] = run.mfu_per_tokens_per_s * out["tokens_per_s"]
     for part in run.runner.model_parts:
@@ -247,7 +238,7 @@ def _one_step(run: _Run, step: int, *, stop_requested: bool) -> dict[str, Any]:
         aux = aux_loss_metric(part)
         if aux is not None:
             out["moe_aux_loss"] = aux
-    return out
+    return out, loss
 
 
 def _current_lr(optimizer: torch.optim.Optimizer) -> float | None:
@@ -268,19 +259,30 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
     last_loss: float | None = None
     step = start
     stopped = False
+    sync = StepSync(world=run.world, device=run.device, faults=run.faults)
+    pending = getattr(run.callbacks, "on_step_pending", None)
+    settle_first = True
     for step in range(start + 1, total + 1):
-        metrics = _one_step(run, step,
-                            stop_requested=stop_event is not None and stop_event.is_set())
-        stopped = metrics.pop("stop") and step < total
-        last_loss = metrics["loss"]
+        row, loss = _one_step(run, step, settle_first=settle_first)
+        sync.add(row, loss)
+        if pending is not None:
+            pending(row)
         if step == start + 1:
             # Init and the first step (compilation, allocator warm-up, lazy groups) are done:
             # from here on a collective that takes this long is a hang.
             set_collective_timeout(run.spec.fault_tolerance.collective_timeout_s)
-        run.callbacks.on_step(metrics)
+        synced = sync.due(step, first=step == start + 1, last=step == total)
+        if synced:
+            rows, stop = sync.flush(
+                step, stop=stop_event is not None and stop_event.is_set())
+            stopped = stop and step < total
+            last_loss = rows[-1]["loss"]
+            for r in rows:
+                run.callbacks.on_step(r)
         run.progress.enter(Phase.CHECKPOINT)
         # A stop (cancel / preemption) saves where it is, so a later attempt resumes there.
-        ckpt.maybe_save(step, final=step == total or stopped)
+        saved = ckpt.maybe_save(step, final=step == total or stopped)
+        settle_first = synced or saved or run.clip_communicates
         if stopped:
             run.callbacks.on_log("INFO", f"stopped on request after step {step}")
             break

@@ -102,8 +102,7 @@ def apply_ep(module: nn.Module, *, built: BuiltModel, dims: MeshShape, mesh: Dev
     ep_mesh = mesh["ep"]
     layers = moe_layers(module)
     for layer in layers:
-        layer.shard_experts(group=ep_mesh.get_group(), ep_rank=ep_mesh.get_local_rank(),
-                            ep_size=dims.ep)
+        layer.shard_experts(ep_mesh)
     expert_params = {p for layer in layers for p in layer.experts.parameters()}
     if dims.dp_shard > 1:
         for layer in layers:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -47,6 +48,21 @@ def _ppids() -> dict[int, int]:
         if len(fields) > 2 and fields[0] != "Z":
             out[int(entry.name)] = int(fields[1])
     return out
+
+
+# Prestarted rank processes of this actor still waiting for their rank (PrestartedRank): a
+# rank's `terminate` / `kill_tree`, which reach every descendant of the actor (what a script
+# left behind), spare them.
+_WAITING: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _spared() -> set[int]:
+    """The waiting prestarted processes still running. One that ended on its own is reaped
+    here and spared no more: its pid may go to another process from then on."""
+    for pid, proc in list(_WAITING.items()):
+        if proc.poll() is not None:
+            _WAITING.pop(pid, None)
+    return set(_WAITING)
 
 
 def descendants(pid: int) -> set[int]:
@@ -107,6 +123,14 @@ class RankProcess:
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
+    @classmethod
+    def adopt(cls, proc: subprocess.Popen[bytes], argv: list[str], *,
+              env: Mapping[str, str], cwd: str) -> RankProcess:
+        """A rank that already runs in `proc` (a PrestartedRank handed its request)."""
+        out = cls(argv, env=env, cwd=cwd)
+        out._proc = proc
+        return out
+
     @property
     def pid(self) -> int:
         assert self._proc is not None
@@ -127,7 +151,7 @@ class RankProcess:
         """SIGTERM to the rank's process group and every descendant of this actor, then
         SIGKILL to whatever is left after `grace_s` (a script may save on SIGTERM)."""
         me = os.getpid()
-        tree = descendants(me)
+        tree = descendants(me) - _spared()
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGTERM)
@@ -139,14 +163,148 @@ class RankProcess:
         self.kill_tree(known=tree)
 
     def kill_tree(self, *, known: set[int] | None = None) -> None:
-        """SIGKILL to the rank's process group and every descendant of this actor."""
+        """SIGKILL to the rank's process group and every descendant of this actor but the
+        prestarted rank processes still waiting for a rank."""
         me = os.getpid()
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-        left = descendants(me) | (known or set())
+        left = (descendants(me) | (known or set())) - _spared()
         _signal_all(left, signal.SIGKILL)
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(5)
         _reap(left)
+
+
+PRESTART = ("-m", "meshyard._prestart")
+RUNNER = ("-m", "meshyard.runner")
+# Read by the interpreter at start-up (or by the dynamic loader): a rank whose environment
+# sets them differently from the prestarted process's starts cold.
+_STARTUP_EXACT = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+_STARTUP_FREE = ("PYTHONPATH", "PYTHONUNBUFFERED")
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class PrestartedRank:
+    """A rank process started before its job (meshyard/_prestart.py): torch imported, waiting
+    for one request on its stdin. `hand(...)` turns it into the rank a cold
+    `RankProcess(argv, env=env, cwd=cwd).start()` would be, or answers None when it cannot
+    (see `fits`), and the caller starts that rank cold."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], *, python: str,
+                 env: Mapping[str, str]) -> None:
+        self._proc: subprocess.Popen[bytes] | None = proc
+        self.python, self.env = python, dict(env)
+        _WAITING[proc.pid] = proc
+
+    @classmethod
+    def spawn(cls, *, python: str, env: Mapping[str, str], cwd: str) -> PrestartedRank:
+        """Starts one in its own session with `env` (the worker's allowlisted environment:
+        no secret) minus the thread-count variables (the rank's own apply at its request).
+        Call it from a thread that lives as long as the actor: the rank sets
+        PR_SET_PDEATHSIG, which fires when the thread that started it exits."""
+        spawn_env = {k: v for k, v in env.items() if k not in _THREAD_VARS}
+        spawn_env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen([python, *PRESTART], env=spawn_env, cwd=cwd,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                start_new_session=True)
+        return cls(proc, python=python, env=spawn_env)
+
+    def wait_ready(self, *, timeout_s: float = 120.0) -> bool:
+        """Blocks until its imports are done (True), or it died / took too long (False)."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return proc is not None and proc.poll() is None
+        ready = _read_line(proc.stdout.fileno(), timeout_s=timeout_s)
+        if ready or proc.poll() is not None:  # read it (or it died): no more to wait for
+            proc.stdout.close()
+            proc.stdout = None
+        return ready == b"ready\n" and proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def fits(self, argv: list[str], env: Mapping[str, str]) -> bool:
+        return self.misfit(argv, env) is None
+
+    def misfit(self, argv: list[str], env: Mapping[str, str]) -> str | None:
+        """Why a cold start of `argv` with `env` would not run the interpreter set-up this
+        process had (None: it would). The runner without interpreter options, the same
+        start-up variables, no site hook on the new PYTHONPATH."""
+        if self._proc is None or self._proc.poll() is not None:
+            return "the prestarted process is gone"
+        if argv[:3] != [self.python, *RUNNER] or len(argv) < 5:
+            return f"interpreter options or another program: {argv[:4]}"
+        for k in sorted(set(env) | set(self.env)):
+            if k in _STARTUP_FREE:
+                continue
+            if (k.startswith("PYTHON") or k in _STARTUP_EXACT) and env.get(k) != self.env.get(k):
+                return f"{k} differs from the prestarted process's"
+        if env.get("PYTHONUNBUFFERED") != "1":
+            return "PYTHONUNBUFFERED is not 1"
+        hooks = ("sitecustomize.py", "usercustomize.py")
+        for p in env.get("PYTHONPATH", "").split(os.pathsep):
+            for h in hooks:
+                if p and Path(p, h).exists():
+                    return f"{Path(p, h)} would run at start-up"
+        return None
+
+    def hand(self, argv: list[str], *, env: Mapping[str, str], cwd: str, stdout: Path,
+             stderr: Path) -> RankProcess | None:
+        """Sends the rank's request; the RankProcess now running it, or None (start cold:
+        `misfit` says why)."""
+        if not self.fits(argv, env):
+            return None
+        proc, self._proc = self._proc, None
+        assert proc is not None and proc.stdin is not None
+        _WAITING.pop(proc.pid, None)  # the rank's own from here: its end kills it
+        if proc.stdout is not None:
+            proc.stdout.close()
+            proc.stdout = None
+        req = {"args": argv[3:], "env": dict(env), "cwd": cwd, "stdout": str(stdout),
+               "stderr": str(stderr)}
+        try:
+            proc.stdin.write(json.dumps(req).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            _kill(proc)
+            return None
+        return RankProcess.adopt(proc, argv, env=env, cwd=cwd)
+
+    def close(self) -> None:
+        """Retires it unused: closing its stdin ends it; SIGKILL if it lingers."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _WAITING.pop(proc.pid, None)
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+def _read_line(fd: int, *, timeout_s: float) -> bytes:
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return data
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+    return data

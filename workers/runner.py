@@ -33,6 +33,7 @@ from workers.callbacks import Phase
 from workers.grads import clip_grad_norm
 from workers.heartbeat import Progress
 from workers.model import BuiltModel, loss_fn
+from workers.moe import aux_loss_term, moe_layers
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -93,10 +94,9 @@ class LocalStepRunner:
         # Expert parallel: the experts differ per rank of this group (their norms add up).
         self._expert_group = expert_group
         self._experts: set[nn.Parameter] = set()
+        self._moe = moe_layers(model)  # their load-balancing loss joins the objective
         if expert_group is not None:
-            from workers.moe import moe_layers
-
-            self._experts = {p for m in moe_layers(model) for p in m.experts.parameters()}
+            self._experts = {p for m in self._moe for p in m.experts.parameters()}
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -124,8 +124,9 @@ class LocalStepRunner:
             with self._sync_ctx(i == n - 1), self._cp_ctx(mb):
                 progress.enter(Phase.FORWARD)
                 loss = self._loss(self._model(mb.inputs), mb.targets)
+                aux = aux_loss_term(self._moe)
                 progress.enter(Phase.BACKWARD)
-                (loss / n).backward()
+                ((loss if aux is None else loss + aux) / n).backward()
             total += loss.detach()
         return total / n
 

@@ -4,13 +4,19 @@
 
 1. the code's directory on this node: an uploaded package unpacked by Ray's working_dir
    (`<actor cwd>/meshyard-code`), a path the spec names, or the job's run dir;
-2. the rank's argv and environment (workers/user_env.py) and one process
-   (workers/rankproc.py) in that directory;
-3. while it runs: the records it appends to its report file (meshyard.train.report) become
+2. the rank's argv and environment (workers/user_env.py); with the pre-flight check on (and
+   more than one rank), first the check, on a rendezvous port of its own: in this actor for
+   a CPU rank, in a short-lived process with the rank's environment for a GPU rank
+   (`python -m workers.preflight`); a failed check ends the rank as `PreflightFailed` before
+   the user's code starts, as the built-in loop's does;
+3. one process (workers/rankproc.py) in the code's directory: started now, or, on a pooled
+   actor, the process it started before the job (meshyard/_prestart.py: torch already
+   imported) made into the same rank;
+4. while it runs: the records it appends to its report file (meshyard.train.report) become
    metrics rows, a heartbeat names its pid, last reported step and the collective seqs the
    probe inside the process (meshyard/_probe.py) last sampled, a stop request ends the whole
    process tree (SIGTERM, then SIGKILL);
-4. its exit becomes the RankResult: the runner's error record (exception type, message,
+5. its exit becomes the RankResult: the runner's error record (exception type, message,
    traceback, whether the code could not even load) or the exit code / signal.
 
 `rank_evidence(a, ...)` is the hang watchdog's diagnostics for such a rank: it asks the
@@ -20,9 +26,11 @@ analyzer's per-rank summary (orchestrator/watchdog/probe_files.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import pickle
 import re
 import signal
 import sys
@@ -39,7 +47,7 @@ from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
 from workers.assignment import RankAssignment, RankResult, WorkerState
 from workers.env import debug_env
 from workers.logcapture import LineTail, private_opener
-from workers.rankproc import RankProcess, alive
+from workers.rankproc import PrestartedRank, RankProcess, alive
 from workers.user_env import rank_argv, rank_env
 
 STOP_GRACE_S = 3.0
@@ -71,6 +79,36 @@ def code_dir(a: RankAssignment, *, actor_cwd: str) -> Path:
     if ep.working_dir is not None:
         return Path(ep.working_dir)
     return Path(a.run_dir)
+
+
+def unpack_package(uri: str, *, base: Path) -> Path:
+    """A pooled actor's copy of an uploaded package (`gcs://` URI, see
+    orchestrator/runtime/packages.py), unpacked once per node under `base` with Ray's own
+    unzip, as Ray's working_dir does for an actor created with it: the returned directory
+    holds `CODE_DIR/`. Ranks on one node race to unpack; the first rename wins."""
+    import shutil
+    import tempfile
+
+    from ray._private.runtime_env.packaging import unzip_package
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    target = base / Path(uri.partition("://")[2]).stem
+    if target.is_dir():
+        return target
+    data = _internal_kv_get(uri)
+    if data is None:
+        raise FileNotFoundError(f"package {uri} is not in Ray's GCS (it is uploaded again "
+                                "when the next attempt is placed)")
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=base, prefix=".unpack-"))
+    zipped, unpacked = tmp / "package.zip", tmp / "package"
+    with open(zipped, "wb", opener=private_opener) as f:
+        f.write(data)
+    unzip_package(str(zipped), str(unpacked), remove_top_level_directory=False, unlink_zip=True)
+    with contextlib.suppress(OSError):  # another rank of this node unpacked it first
+        unpacked.rename(target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def metric_row(rec: dict[str, Any], *, rank: int) -> dict[str, Any] | None:
@@ -156,9 +194,11 @@ def _setup_failure(a: RankAssignment, message: str) -> RankResult:
 
 
 def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
-                  actor_cwd: str, on_start: Any = None) -> RankResult:
+                  actor_cwd: str, on_start: Any = None,
+                  prestarted: PrestartedRank | None = None) -> RankResult:
     """Runs rank `a.rank`'s process to its end (see the module doc). `on_start(proc)` is
-    called once the process exists."""
+    called once the process exists. `prestarted` (a pooled actor's): the process to become
+    the rank when it can (PrestartedRank.fits), else the rank starts cold."""
     t0 = time.time()
     ep = a.spec.entrypoint
     assert ep is not None
@@ -185,8 +225,19 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
                    probe_dir=str(probe_dir))
     for sub in ("nccl", "flight_recorder", "checkpoints"):
         (Path(a.run_dir) / sub).mkdir(parents=True, exist_ok=True)
+    if a.runs_user_preflight:
+        failed = _preflight(a, env=env, stop=stop, sink=sink, hide=(actor_cwd, str(where)))
+        if failed is not None:
+            return failed
     tail, seen = LineTail(report), _Seen()
-    proc = RankProcess(rank_argv(ep, python=sys.executable), env=env, cwd=str(where)).start()
+    argv = rank_argv(ep, python=sys.executable)
+    proc = prestarted.hand(argv, env=env, cwd=str(where), stdout=a.log_path("stdout"),
+                           stderr=a.log_path("stderr")) if prestarted is not None else None
+    if proc is None:
+        if prestarted is not None:
+            sink.log("log", "INFO the rank process starts cold, not prestarted: "
+                     f"{prestarted.misfit(argv, env)}")
+        proc = RankProcess(argv, env=env, cwd=str(where)).start()
     if on_start is not None:
         on_start(proc)
     stopped = False
@@ -205,6 +256,77 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
             proc.terminate(grace_s=STOP_GRACE_S)
     proc.kill_tree()  # whatever the rank left running (daemons, re-parented grandchildren)
     return _outcome(a, rc, seen=seen, stopped=stopped, seconds=time.time() - t0)
+
+
+def _preflight(a: RankAssignment, *, env: dict[str, str], stop: threading.Event, sink: Sink,
+               hide: tuple[str, ...]) -> RankResult | None:
+    """Runs the pre-flight check for rank `a.rank` (see the module doc); None when it passed,
+    else how the rank ended. It sends no heartbeat (the rank's process has not started yet).
+
+    A CPU rank (gloo) runs it here, in this actor, which has torch imported already: a process
+    of its own would cost an `import torch` per rank, more than the check. A GPU rank runs it
+    in a process of its own, so that this actor holds no CUDA context: in the log dir with the
+    user's code off its path (the user's own `workers` or `orchestrator` package cannot shadow
+    meshyard's)."""
+    t0 = time.time()
+    if _checks_here(a):
+        from workers.preflight import check_user_rank
+
+        try:
+            out = check_user_rank(a)
+        except Exception as exc:  # noqa: BLE001 - the rank ends with it, as the process would
+            return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightError",
+                              message=f"the pre-flight check did not run: "
+                              f"{type(exc).__name__}: {exc}"[:2000],
+                              seconds=time.time() - t0)
+        return _preflight_outcome(a, out, rc=None, t0=t0, sink=sink, where="in the worker")
+    job_file, result = a.log_path("preflight.pickle"), a.log_path("preflight.json")
+    result.unlink(missing_ok=True)
+    with open(job_file, "wb", opener=private_opener) as f:
+        pickle.dump(a, f)
+    hidden = {Path(h).resolve() for h in hide}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and Path(p).resolve() not in hidden]
+    child_env = dict(env, PYTHONPATH=os.pathsep.join(paths))
+    proc = RankProcess([sys.executable, "-m", "workers.preflight", str(job_file), str(result)],
+                       env=child_env, cwd=a.log_dir).start()
+    while (rc := proc.wait(_TICK_S)) is None:
+        if stop.is_set():
+            proc.terminate(grace_s=STOP_GRACE_S)
+            return RankResult(rank=a.rank, state=WorkerState.STOPPED, seconds=time.time() - t0)
+    proc.kill_tree()
+    job_file.unlink(missing_ok=True)
+    try:
+        out = json.loads(result.read_text())
+    except (OSError, ValueError):
+        out = None
+    return _preflight_outcome(a, out, rc=rc, t0=t0, sink=sink, where="process")
+
+
+def _checks_here(a: RankAssignment) -> bool:
+    """The check runs in this actor: a CPU rank, and no process group of this actor's open."""
+    import torch.distributed as dist
+
+    from workers.env import select_device
+
+    return (select_device(a.spec, local_rank=a.dist.local_rank).type == "cpu"
+            and not (dist.is_available() and dist.is_initialized()))
+
+
+def _preflight_outcome(a: RankAssignment, out: Any, *, rc: int | None, t0: float, sink: Sink,
+                       where: str) -> RankResult | None:
+    if isinstance(out, dict) and out.get("ok"):
+        sink.log("log", f"INFO pre-flight check passed in {float(out['seconds']):.3f} s "
+                 f"({out['tests']} tests of {int(out['bytes']) / 2**20:g} MiB, {where} "
+                 f"{time.time() - t0:.1f} s)")
+        return None
+    if isinstance(out, dict) and out.get("message"):
+        return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightFailed",
+                          message=str(out["message"]), seconds=time.time() - t0, exit_code=rc)
+    last = last_error_line(a.log_path("stderr"))
+    return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightError",
+                      message=f"the pre-flight check's process exited {rc}"
+                      + (f": {last}" if last else ""), seconds=time.time() - t0, exit_code=rc)
 
 
 def probe_path(a: RankAssignment) -> Path:

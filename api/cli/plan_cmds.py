@@ -46,6 +46,8 @@ def _shape(model: str | None, sizes: dict[str, int | None]) -> ModelShape:
         return KNOWN_MODELS[model]
     missing = [k for k in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len")
                if sizes[k] is None]
+    if model is None and sizes.get("top_k") is not None and not sizes.get("experts"):
+        raise ValueError("--top-k is for MoE models: give --experts too")
     if missing:
         raise ValueError(f"give --model or every size (missing: {', '.join(missing)})")
     return ModelShape(name="model", **{k: v for k, v in sizes.items() if v is not None})
@@ -75,6 +77,10 @@ def plan_cmd(
     ffn: Annotated[int | None, typer.Option("--ffn", min=1, help="MLP size.")] = None,
     params: Annotated[int | None, typer.Option("--params", min=1, help="Parameter count.")]
     = None,
+    experts: Annotated[int | None, typer.Option("--experts", min=2, max=256, help="MoE experts "
+                                                "per block: ep is searched too.")] = None,
+    moe_top_k: Annotated[int | None, typer.Option("--top-k", min=1, max=8,
+                                                  help="MoE: experts per token.")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", help="Declared cluster file.")]
     = None,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1)] = 8,
@@ -90,9 +96,11 @@ def plan_cmd(
     data_dir: DataDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Rank (tp, pp, dp, ZeRO, microbatch, checkpointing) plans by estimated step time."""
+    """Rank (tp, pp, dp, ep, cp, ZeRO, microbatch, checkpointing) plans by estimated step
+    time."""
     sizes = {"n_layers": layers, "d_model": d_model, "n_heads": heads, "vocab_size": vocab,
-             "seq_len": seq_len, "ffn_dim": ffn, "params": params}
+             "seq_len": seq_len, "ffn_dim": ffn, "params": params, "experts": experts,
+             "top_k": moe_top_k}
     try:
         shape = _shape(model, sizes)
         if cluster is not None:

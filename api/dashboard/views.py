@@ -319,3 +319,35 @@ def health_cell(s: NodeStatus) -> HealthCell:
     return HealthCell(state=s.state.value, reason=s.reason[:200], until=until,
                       gpus=",".join(map(str, s.cordoned_gpus)),
                       diagnoses=diags)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PoolNodeView:
+    node: str       # the node's name when known, else its Ray node id
+    idle: int
+    leased: int
+    starting: int
+    idle_mib: float
+
+
+@dataclass(frozen=True)
+class PoolView:
+    size: int
+    draining: bool
+    nodes: list[PoolNodeView]
+    idle_mib: float
+
+
+def warm_pool_view(status: dict[str, Any] | None,
+                   nodes: Sequence[NodeRecord]) -> PoolView | None:
+    """The warm pool section of the cluster page from Runtime.pool_status (None: no pool)."""
+    if not status:
+        return None
+    names = {n.node_id: n.name for n in nodes if n.node_id}
+    rows = [PoolNodeView(node=names.get(node_id, node_id[:12]), idle=int(r.get("idle", 0)),
+                         leased=int(r.get("leased", 0)), starting=int(r.get("starting", 0)),
+                         idle_mib=float(r.get("idle_rss_bytes", 0)) / 2**20)
+            for node_id, r in sorted((status.get("nodes") or {}).items())]
+    return PoolView(size=int(status.get("size", 0)), draining=bool(status.get("draining")),
+                    nodes=sorted(rows, key=lambda r: r.node),
+                    idle_mib=sum(r.idle_mib for r in rows))

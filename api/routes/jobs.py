@@ -116,6 +116,8 @@ def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: WriterDep, sto
                                     max_queued=quota.max_queued_jobs)
     if created and planned is not None:
         record_plan(store, job.id, planned)
+    if created:
+        _wake_scheduler(request)
     if not created and not same_submission(store, job, submitted=submitted, resolved=spec):
         # draft-ietf-httpapi-idempotency-key-header: a reused key with another payload is 422.
         raise Unprocessable([FieldIssue("submission_id", f"already used for job {job.id} with "
@@ -124,6 +126,14 @@ def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: WriterDep, sto
     return model_response(SubmitResult.model_validate({**_fields(job), "created": created}),
                           status_code=201 if created else 200,
                           headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def _wake_scheduler(request: Request) -> None:
+    """Runs the in-process runtime's scheduler and poller passes now rather than at their
+    next tick (up to `tick_s` later); a server without a runtime has nothing to wake."""
+    poke = getattr(request.app.state.runtime, "poke", None)
+    if callable(poke):
+        poke()
 
 
 def _fields(record: Any) -> dict[str, Any]:
@@ -156,7 +166,9 @@ async def get_job(job: JobDep) -> Response:
 
 
 @router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=Job)
-def cancel_job(job: JobDep, user: WriterDep, store: StoreDep) -> Response:
+def cancel_job(job: JobDep, user: WriterDep, store: StoreDep, request: Request) -> Response:
     """Queued jobs end at once (CANCELLED); running ones go to CANCELLING and stop.
     Cancelling a finished job changes nothing and answers with the job."""
-    return model_response(Job.model_validate(store.request_cancel(job.id, viewer=user)))
+    cancelled = store.request_cancel(job.id, viewer=user)
+    _wake_scheduler(request)
+    return model_response(Job.model_validate(cancelled))

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.deps import SettingsDep, StoreDep, UserDep
 from api.errors import Unprocessable
@@ -49,6 +49,19 @@ class ModelBody(BaseModel):
                                 description="MLP size (default 4 d_model).")
     params: int | None = Field(default=None, ge=1, le=lim.MAX_PARAMS,
                                description="Parameter count (derived).")
+    experts: int = Field(default=0, ge=0, le=256, description="MoE experts per block (0: "
+                         "dense); the planner then searches expert-parallel degrees too.")
+    top_k: int = Field(default=2, ge=1, le=8, description="MoE: experts per token.")
+    capacity_factor: float = Field(default=1.25, gt=0, le=16, description="MoE: expert "
+                                   "capacity factor.")
+
+    @model_validator(mode="after")
+    def _moe(self) -> ModelBody:
+        if self.experts == 1:
+            raise ValueError("experts=1 is not a mixture; use 0 (dense) or 2 or more")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        return self
 
 
 class HardwareBody(BaseModel):

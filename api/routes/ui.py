@@ -215,16 +215,24 @@ def cluster_page(request: Request, session: SessionDep, store: StoreDep,
     health = {s.name: views.health_cell(s) for s in node_statuses(store, settings)}
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
                 tree=views.level_tree(nodes, levels), nodes=now.nodes, total=now.total,
-                used=now.used, health=health)
+                used=now.used, health=health,
+                pool=views.warm_pool_view(_pool_status(request), nodes))
+
+
+def _pool_status(request: Request) -> dict[str, Any] | None:
+    status = getattr(request.app.state.runtime, "pool_status", None)
+    return status() if callable(status) else None
 
 
 @router.get("/cluster.json")
-def cluster_json(session: SessionDep, store: StoreDep) -> Response:
+def cluster_json(session: SessionDep, store: StoreDep, settings: SettingsDep) -> Response:
     """What the cluster page redraws every poll: nodes, who holds which GPU (as the viewer may
-    see it) and the totals. Utilisation comes from /v1/cluster/usage."""
+    see it), the totals and each node's health cell. Utilisation comes from
+    /v1/cluster/usage."""
     now = views.cluster_now(store.list_nodes(),
                             views.gpu_usage(gpu_holds(store), viewer=session.user))
-    return secure(JSONResponse(asdict(now)))
+    health = {s.name: asdict(views.health_cell(s)) for s in node_statuses(store, settings)}
+    return secure(JSONResponse({**asdict(now), "health": health}))
 
 
 @router.get("/jobs/{job_id}/artifacts/{diagnosis_id}/{index}")

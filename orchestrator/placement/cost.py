@@ -13,10 +13,11 @@ them), per optimizer step:
   pp            send/recv of activations forward and their gradients backward per microbatch
   ep            MoE expert parallel: all-to-all dispatch and combine of the routed tokens
                 (top_k * capacity_factor per token) per MoE layer and microbatch, forward and
-                backward; with dp_shard == 1 also FSDP over ep of the dense parameters
+                backward; with dp_shard == 1 also FSDP over ep of the dense parameters. A
+                rank's gradients and FSDP traffic count its experts / ep of each block
   cp            context parallel (ring attention): per attention layer and microbatch, cp - 1
                 send/recv steps of the K and V shards forward, twice that backward (K/V and
-                their gradients)
+                their gradients); with dp_shard == 1 also FSDP over cp of the parameters
 
 Time of one call over n ranks whose bottleneck link has bandwidth B and latency a:
   ring all-reduce               2(n-1)/n * M/B + 2(n-1) a
@@ -88,7 +89,15 @@ class ModelDims:
 
     @property
     def block_params(self) -> int:
-        return 4 * self.d_model * self.d_model + 2 * self.d_model * self.ffn_dim
+        return self.rank_block_params(1)
+
+    def rank_block_params(self, ep: int) -> int:
+        """One block's parameters on a rank of an ep group: attention, and the MLP, or, in a
+        MoE block, the router and experts / ep of the experts."""
+        if not self.moe_experts:
+            return 4 * self.d_model * self.d_model + 2 * self.d_model * self.ffn_dim
+        return (4 * self.d_model * self.d_model + self.d_model * self.moe_experts
+                + self.moe_experts // ep * 2 * self.d_model * self.ffn_dim)
 
     @property
     def params(self) -> int:
@@ -121,6 +130,16 @@ def _bucketed(dim: str, n: int, total: int, bucket_mb: float, overlap: float) ->
                    overlap)
 
 
+def _fsdp_rows(dim: str, n: int, d: ModelDims, *, stage_params: int, layers: int
+               ) -> list[CommRow]:
+    """FSDP (ZeRO-3) over the `n` ranks of `dim`: the workers shard over ep / cp ranks when
+    dp_shard is 1."""
+    per_layer = stage_params // max(1, layers)
+    return [CommRow(dim, n, "all_gather", per_layer * d.param_bytes,
+                    2 * layers * d.grad_accum_steps, 0.7),
+            CommRow(dim, n, "reduce_scatter", per_layer * d.grad_bytes, layers, 0.7)]
+
+
 def communication_signature(mesh: MeshShape, model: ModelDims | None = None) -> list[CommRow]:
     """Per-dimension communication of one optimizer step (only dimensions of degree > 1).
 
@@ -133,7 +152,8 @@ def communication_signature(mesh: MeshShape, model: ModelDims | None = None) -> 
     micro = max(1, d.micro_batch_size // d.pp_microbatches)
     steps = d.pp_microbatches * d.grad_accum_steps
     act = micro * d.seq_len * d.d_model * d.act_bytes
-    stage_params = (layers * d.block_params + 2 * d.vocab_size * d.d_model // mesh.pp) // mesh.tp
+    stage_params = (layers * d.rank_block_params(mesh.ep)
+                    + 2 * d.vocab_size * d.d_model // mesh.pp) // mesh.tp
     zero = d.zero_stage if d.zero_stage is not None else (3 if mesh.dp_shard > 1 else 0)
     rows: list[CommRow] = []
     if mesh.tp > 1:
@@ -167,15 +187,13 @@ def communication_signature(mesh: MeshShape, model: ModelDims | None = None) -> 
         routed = int(act // mesh.cp * d.moe_top_k * d.moe_capacity_factor)
         rows.append(CommRow("ep", mesh.ep, "all_to_all", routed, 4 * layers * steps, 0.0))
         if mesh.dp_shard == 1:
-            dense = stage_params // max(1, layers)
-            rows.append(CommRow("ep", mesh.ep, "all_gather", dense * d.param_bytes,
-                                2 * layers * d.grad_accum_steps, 0.7))
-            rows.append(CommRow("ep", mesh.ep, "reduce_scatter", dense * d.grad_bytes,
-                                layers, 0.7))
+            rows += _fsdp_rows("ep", mesh.ep, d, stage_params=stage_params, layers=layers)
     if mesh.cp > 1:
         kv = 2 * act // mesh.cp
         rows.append(CommRow("cp", mesh.cp, "send_recv", kv, 3 * (mesh.cp - 1) * layers * steps,
                             0.5))
+        if mesh.dp_shard == 1:
+            rows += _fsdp_rows("cp", mesh.cp, d, stage_params=stage_params, layers=layers)
     return rows
 
 

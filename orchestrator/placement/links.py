@@ -43,6 +43,11 @@ class LinkFigures:
     `n * nvlink_per_link_gbs` (DGX-1 V100: NV1 25, NV2 50). PCIe paths take the x16 figure
     of `pcie_gen` times the class factor (PIX 1.0 … SYS 0.4: host bridges and the SMP link cost
     bandwidth). Inter-node traffic takes the InfiniBand figure of `network`.
+
+    gloo (CPU ranks) has figures of its own, which only the pre-flight check uses: ranks on one
+    host (loopback TCP) and across hosts (TCP over the host network). The defaults are below
+    what a healthy gang measures on a loaded 2-core host (bench/README.md: 1 MiB all-reduce
+    best 0.4-1.8 GB/s, p2p 1-2.5 GB/s), so only a link far slower than that fails the check.
     """
 
     nvlink4_gbs: float = 450.0
@@ -61,6 +66,10 @@ class LinkFigures:
     pcie_alpha_us: float = 3.0
     net_alpha_us: float = 5.0
     hop_alpha_us: float = 1.0  # per switch level above the leaf
+    gloo_loopback_gbs: float = 0.25
+    gloo_loopback_alpha_us: float = 100.0
+    gloo_net_gbs: float = 0.1  # 1 GbE carries 0.125 GB/s
+    gloo_net_alpha_us: float = 200.0
 
     def __post_init__(self) -> None:
         if self.network not in ("ndr", "hdr"):

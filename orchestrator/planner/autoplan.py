@@ -5,8 +5,13 @@ Batch semantics: the planner keeps the global batch (sequences per optimizer ste
 `auto`, it is `parallelism.auto_global_batch`, or `training.micro_batch_size *
 grad_accum_steps` per planned GPU. The resolved spec carries it back as
   pp > 1:  micro_batch_size = global / dp, pp_microbatches = m, grad_accum_steps = 1
-  pp = 1:  micro_batch_size = global / dp / m, grad_accum_steps = m
-so `spec.global_batch_size` is unchanged by planning.
+  pp = 1:  micro_batch_size = global / (dp * ep) / m, grad_accum_steps = m
+so `spec.global_batch_size` is unchanged by planning (ep ranks read distinct data, cp ranks
+share theirs).
+
+A MoE model (`model.moe`) is planned with expert-parallel degrees too; context parallel is
+considered only for a job that runs on GPUs (resources.device cuda, or auto on a cluster
+with free GPUs) with dropout 0, the layouts `_ep_cp_issues` in spec.py accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from orchestrator.planner.planner import (
     PlanResult,
     plan,
 )
-from orchestrator.spec import GPTModel, JobSpec, parse_spec
+from orchestrator.spec import Device, GPTModel, JobSpec, parse_spec
 from orchestrator.topology.model import ClusterTopology
 
 
@@ -46,10 +51,6 @@ def request_from_spec(spec: JobSpec, *, cluster: ClusterTopology,
     if not isinstance(spec.model, GPTModel):
         raise PlanningError("parallelism: auto needs the built-in GPT model (model.kind: gpt), "
                             "whose sizes the planner can read; set the degrees by hand")
-    if spec.model.moe is not None:
-        raise PlanningError("parallelism: auto does not plan MoE models: the planner's search "
-                            "has no expert-parallel degree; set ep and dp_shard by hand "
-                            "(e.g. parallelism: {ep: 2, dp_shard: 2})")
     p, t = spec.parallelism, spec.training
     gpus = p.auto_gpus or free_gpus(cluster)
     if gpus < 1:
@@ -58,16 +59,29 @@ def request_from_spec(spec: JobSpec, *, cluster: ClusterTopology,
     batch = p.auto_global_batch or t.micro_batch_size * t.grad_accum_steps * gpus
     return PlanRequest(model=ModelShape.from_gpt(spec.model, name=spec.name), global_batch=batch,
                        gpus=gpus, hardware=hardware or hardware_for(cluster), even_stages=True,
-                       worker_layouts=True, top_k=5, solve_top=1)
+                       worker_layouts=True, top_k=5, solve_top=1,
+                       cp_refused=_cp_refused(spec, cluster))
+
+
+def _cp_refused(spec: JobSpec, cluster: ClusterTopology) -> str | None:
+    """Why the job cannot run context parallel (spec.py's checks), or None."""
+    r = spec.resources
+    if not (r.device == Device.CUDA or (r.device == Device.AUTO and free_gpus(cluster) > 0)):
+        return ("the job does not run on GPUs (torch's context_parallel has no CPU attention "
+                "strategy)")
+    if isinstance(spec.model, GPTModel) and spec.model.dropout > 0:
+        return f"model.dropout={spec.model.dropout} (context parallel needs dropout 0)"
+    return None
 
 
 def resolved_data(spec: JobSpec, best: Plan, *, global_batch: int) -> dict[str, Any]:
     """The spec's data with the plan's degrees (see module doc); parse_spec validates it."""
     c = best.config
-    local = global_batch // c.dp
+    local = global_batch // c.data_shards
     data = spec.model_dump(mode="json")
     par: dict[str, Any] = {
         "tp": c.tp, "pp": c.pp, "dp_shard": c.dp_shard, "dp_replicate": c.dp_replicate,
+        "ep": c.ep, "cp": c.cp,
         "zero_stage": c.zero_stage, "activation_checkpointing": c.activation_checkpointing,
         "sequence_parallel": c.tp > 1 and spec.model.seq_len % c.tp == 0}
     if c.pp > 1:

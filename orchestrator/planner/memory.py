@@ -39,6 +39,13 @@ What FSDP (ZeRO-2/3, `fully_shard`) holds beyond that arithmetic, as the workers
   forward torch.distributed.pipelining runs on the first microbatch to infer shapes keeps its
   graph (measured on torch 2.13 at 0.7 of a microbatch; counted as one, the upper bound).
 
+Expert and context parallel, as the workers shard them: a MoE block's experts are split over
+ep (each rank keeps experts / ep of them) and FSDP-sharded over dp_shard only; the dense
+parameters (attention, router, norms, embedding, head) are FSDP-sharded over dp_shard x ep x
+cp, fully (ZeRO-3) even when dp_shard is 1. cp ranks each hold seq_len / cp tokens of a
+sequence, so activations and logits shrink by cp. The MLP activations of a MoE block are
+counted as a dense MLP's (the routed copies and dispatch masks are not modelled).
+
 `stage_memory(model, cfg, stage=r)` gives pipeline rank r's breakdown (its layers, the
 embedding on rank 0, the head and logits on the last rank, its in-flight microbatches);
 `memory_per_gpu` the busiest rank's.
@@ -76,6 +83,8 @@ class ModelShape:
     params: int | None = None
     name: str = "model"
     experts: int = 0  # MoE: every block's MLP is this many experts and a router
+    top_k: int = 2  # MoE: experts each token is routed to
+    capacity_factor: float = 1.25  # MoE: slots per expert (spec.MoE)
 
     @property
     def ffn(self) -> int:
@@ -89,6 +98,19 @@ class ModelShape:
         if self.experts:
             mlp = self.experts * mlp + self.d_model * self.experts
         return 4 * self.d_model ** 2 + mlp + 4 * self.d_model
+
+    @property
+    def expert_params(self) -> int:
+        """The experts of one MoE block (0 for a dense model); the router is dense."""
+        return self.experts * 2 * self.d_model * self.ffn
+
+    @property
+    def active_params(self) -> float:
+        """Parameters each token's forward uses: a MoE block runs top_k of its experts."""
+        if not self.experts:
+            return self.total_params
+        idle = self.n_layers * (self.experts - self.top_k) * 2 * self.d_model * self.ffn
+        return self.total_params - idle * self.scale
 
     @property
     def embed_params(self) -> int:
@@ -120,12 +142,15 @@ class ModelShape:
         moe = getattr(model, "moe", None)
         return cls(n_layers=model.n_layers, d_model=model.d_model, n_heads=model.n_heads,
                    vocab_size=model.vocab_size, seq_len=model.seq_len, ffn_dim=model.ffn_dim,
-                   name=name, experts=moe.experts if moe is not None else 0)
+                   name=name, experts=moe.experts if moe is not None else 0,
+                   top_k=moe.top_k if moe is not None else 2,
+                   capacity_factor=moe.capacity_factor if moe is not None else 1.25)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "n_layers": self.n_layers, "d_model": self.d_model,
                 "n_heads": self.n_heads, "ffn_dim": self.ffn, "vocab_size": self.vocab_size,
-                "seq_len": self.seq_len, "experts": self.experts, "params": self.total_params}
+                "seq_len": self.seq_len, "experts": self.experts, "top_k": self.top_k,
+                "capacity_factor": self.capacity_factor, "params": self.total_params}
 
 
 @dataclass(frozen=True)
@@ -164,11 +189,27 @@ class MemoryConfig:
     # The first and last of the pp * v chunks hold one layer fewer: the embedding and the
     # head take a layer's place (Llama 3's layout: 126 layers in 16 x 8 chunks).
     ends_as_layers: bool = False
+    ep: int = 1  # expert parallel: each rank holds experts / ep of every MoE block
+    cp: int = 1  # context parallel: each rank holds seq_len / cp tokens of every sequence
+
+    @property
+    def dense_shard(self) -> int:
+        """Ranks FSDP shards the dense (non-expert) parameters over: dp_shard x ep x cp (the
+        workers flatten ep and cp into the FSDP mesh)."""
+        return max(1, self.dp_shard) * self.ep * self.cp
+
+    @property
+    def dense_zero(self) -> int:
+        """The ZeRO stage of the dense parameters: with ep or cp but dp_shard = 1 the workers
+        still fully shard them over the ep / cp ranks (ZeRO-3)."""
+        if self.dp_shard > 1:
+            return self.zero_stage
+        return 3 if self.ep * self.cp > 1 else 0
 
     @property
     def deferred_sync(self) -> bool:
         """FSDP accumulates unsharded gradients over microbatches (see the module doc)."""
-        return (self.zero_stage >= 2 and self.dp_shard > 1
+        return (self.dense_zero >= 2 and self.dense_shard > 1
                 and (self.pp > 1 or self.microbatches > 1))
 
 
@@ -215,6 +256,12 @@ def stage_params(model: ModelShape, *, tp: int, pp: int, stage: int = 0,
     return (blocks * model.block_params + ends) * model.scale / tp
 
 
+def stage_expert_params(model: ModelShape, cfg: MemoryConfig, *, stage: int = 0) -> float:
+    """The experts (all of them, before ep) among `stage_params` of pipeline rank `stage`."""
+    blocks, _ = rank_layers(model, cfg, stage)
+    return blocks * model.expert_params * model.scale / cfg.tp
+
+
 def in_flight(cfg: MemoryConfig, stage: int = 0) -> int:
     """Microbatches whose activations pipeline rank `stage` holds at the peak (1F1B warms
     up pp - stage microbatches, as torch's Schedule1F1B does)."""
@@ -235,7 +282,7 @@ def in_flight_factor(cfg: MemoryConfig, stage: int = 0) -> float:
 
 
 def block_activation_bytes(model: ModelShape, cfg: MemoryConfig) -> float:
-    s, b, h, t = model.seq_len, cfg.micro_batch, model.d_model, cfg.tp
+    s, b, h, t = model.seq_len // cfg.cp, cfg.micro_batch, model.d_model, cfg.tp
     elt = _PRECISION[cfg.precision][3] / 2  # the formulas count 16-bit elements
     per = s * b * h * (34 / t if cfg.sequence_parallel else 10 + 24 / t)
     per *= model.ffn / (4 * h) if model.ffn != 4 * h else 1.0
@@ -249,7 +296,7 @@ def activation_bytes(model: ModelShape, cfg: MemoryConfig, stage: int = 0) -> fl
     layers, first_chunk = rank_layers(model, cfg, stage)
     block = block_activation_bytes(model, cfg)
     elt = _PRECISION[cfg.precision][3]
-    s, b, h = model.seq_len, cfg.micro_batch, model.d_model
+    s, b, h = model.seq_len // cfg.cp, cfg.micro_batch, model.d_model
     per_layer = 2 * s * b * h * elt / 2 if cfg.activation_checkpointing else block
     working = block if cfg.activation_checkpointing else 0.0  # one block recomputed
     held = layers * per_layer * in_flight_factor(cfg, stage)
@@ -273,20 +320,34 @@ def stage_memory(model: ModelShape, cfg: MemoryConfig, *, stage: int = 0) -> Mem
     """
     if cfg.precision not in _PRECISION:
         raise ValueError(f"precision={cfg.precision!r}: use one of {sorted(_PRECISION)}")
-    pb, gb, ob, _ = _PRECISION[cfg.precision]
     n = stage_params(model, tp=cfg.tp, pp=cfg.pp, stage=stage, cfg=cfg)
-    d = max(1, cfg.dp_shard)
-    z = cfg.zero_stage if d > 1 else 0
-    full_copy = z < 3 or (cfg.deferred_sync and cfg.pp > 1)
-    shard = z >= 3 or (z == 2 and cfg.precision not in _SEPARATE_MASTER)
+    experts = stage_expert_params(model, cfg, stage=stage)
+    # Dense parameters are sharded over dp_shard x ep x cp; a rank keeps experts / ep of each
+    # MoE block, sharded further over dp_shard only.
+    dense = _sharded(n - experts, cfg, d=cfg.dense_shard, z=cfg.dense_zero)
+    mine = _sharded(experts / cfg.ep, cfg, d=max(1, cfg.dp_shard), z=cfg.zero_stage)
+    params, grads, optimizer, workspace = (a + b for a, b in zip(dense, mine, strict=True))
     return MemoryBreakdown(
-        params=n * pb * (int(full_copy) + (1 / d if shard else 0)),
-        grads=n * gb / (d if z >= 2 and not cfg.deferred_sync else 1),
-        optimizer=n * ob / (d if z >= 1 else 1),
+        params=params, grads=grads, optimizer=optimizer,
         activations=activation_bytes(model, cfg, stage),
-        workspace=(n * 4 / (d if z >= 1 else 1) if cfg.foreach_optimizer
+        workspace=(workspace if cfg.foreach_optimizer
                    else 4 * model.vocab_size * model.d_model / cfg.tp),
     )
+
+
+def _sharded(n: float, cfg: MemoryConfig, *, d: int, z: int
+             ) -> tuple[float, float, float, float]:
+    """(params, grads, optimizer, foreach workspace) bytes of `n` parameters that ZeRO stage
+    `z` shards over `d` ranks (see the module doc)."""
+    pb, gb, ob, _ = _PRECISION[cfg.precision]
+    z = z if d > 1 else 0
+    deferred = z >= 2 and (cfg.pp > 1 or cfg.microbatches > 1)
+    full_copy = z < 3 or (deferred and cfg.pp > 1)
+    shard = z >= 3 or (z == 2 and cfg.precision not in _SEPARATE_MASTER)
+    return (n * pb * (int(full_copy) + (1 / d if shard else 0)),
+            n * gb / (d if z >= 2 and not deferred else 1),
+            n * ob / (d if z >= 1 else 1),
+            n * 4 / (d if z >= 1 else 1))
 
 
 def memory_per_gpu(model: ModelShape, cfg: MemoryConfig) -> MemoryBreakdown:

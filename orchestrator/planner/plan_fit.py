@@ -23,12 +23,15 @@ def memory_config(c: Candidate, *, local: int, req: PlanRequest) -> MemoryConfig
         micro_batch=local // c.microbatches, microbatches=c.microbatches,
         activation_checkpointing=c.activation_checkpointing, sequence_parallel=c.tp > 1,
         schedule=req.schedule, virtual_stages=c.virtual_stages,
-        precision=req.hardware.precision, ends_as_layers=c.ends_as_layers)
+        precision=req.hardware.precision, ends_as_layers=c.ends_as_layers, ep=c.ep, cp=c.cp)
 
 
-def _worker_issue(c: Candidate) -> str | None:
+def _worker_issue(c: Candidate, *, moe: bool) -> str | None:
     """Layouts workers/parallelize.py and workers/pipeline.py refuse: DDP or ZeRO-1 (not
-    FSDP) together with TP, and ZeRO-1 together with PP."""
+    FSDP) together with TP, ZeRO-1 together with PP, and a MoE model with TP or PP."""
+    if moe and (c.tp > 1 or c.pp > 1):
+        return (f"the workers run MoE models with ep, dp_shard and dp_replicate only, not with "
+                f"tp={c.tp} / pp={c.pp}")
     if c.dp == 1 or c.zero_stage >= 2:
         return None
     if c.tp > 1:
@@ -45,7 +48,7 @@ def precheck(c: Candidate, *, req: PlanRequest) -> Rejection | None:
     if req.even_stages and (req.model.n_layers % stages or c.ends_as_layers):
         return Rejection(c, "layers", f"pp={c.pp} x {c.virtual_stages} virtual stages does not "
                          f"divide n_layers={req.model.n_layers} into equal stages")
-    if req.worker_layouts and (issue := _worker_issue(c)):
+    if req.worker_layouts and (issue := _worker_issue(c, moe=bool(req.model.experts))):
         return Rejection(c, "workers", issue)
     return None
 
@@ -53,7 +56,8 @@ def precheck(c: Candidate, *, req: PlanRequest) -> Rejection | None:
 def memory_check(c: Candidate, *, req: PlanRequest) -> MemoryBreakdown | Rejection:
     """The breakdown of `c`, or its memory rejection (with the bytes it needs)."""
     hw = req.hardware
-    mem = memory_per_gpu(req.model, memory_config(c, local=req.global_batch // c.dp, req=req))
+    mem = memory_per_gpu(req.model, memory_config(c, local=req.global_batch // c.data_shards,
+                                                  req=req))
     if mem.total > hw.usable_bytes:
         return Rejection(c, "memory", f"does not fit in memory: {mem.total / 1e9:.1f} GB per "
                          f"GPU > {hw.usable_bytes / 1e9:.1f} GB usable", need_bytes=mem.total)
@@ -118,7 +122,7 @@ class NoFit:
 def _fit_on(req: PlanRequest, world: int, max_tp: int) -> tuple[Candidate, float] | None:
     """The first configuration of `world` GPUs that passes the prechecks and fits."""
     for item in candidates(req.model, world=world, global_batch=req.global_batch,
-                           max_tp=max_tp):
+                           max_tp=max_tp, context_parallel=req.context_parallel):
         if isinstance(item, Rejection) or precheck(item, req=req) is not None:
             continue
         mem = memory_check(item, req=req)

@@ -1,7 +1,15 @@
 """The planner's search space: the request, the hardware figures, the configurations
-(tp, pp, dp_shard, dp_replicate, ZeRO stage, microbatches, virtual stages, activation
+(tp, pp, dp_shard, dp_replicate, ep, cp, ZeRO stage, microbatches, virtual stages, activation
 checkpointing) of a world of GPUs, and the rejections that name why one cannot run. Pure
 module.
+
+Expert and context parallel families are the layouts the workers run: ep (a MoE model's
+experts split over ep ranks, ep dividing the expert count and the world) alone or with
+dp_shard, and cp (each sequence split over cp ranks, ring attention) alone or with dp_shard,
+cp unless the request refuses it (`cp_refused`: a job on CPU, where torch has no attention
+strategy for it, or with dropout) and only where each
+rank keeps at least `CP_MIN_TOKENS` tokens of a sequence (below that the ring's exchanges
+cost more than the activations they save).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from orchestrator.mesh import MeshShape
 from orchestrator.planner.memory import ModelShape
 
 _MAX_MICROBATCH_OPTIONS = 5
+CP_MIN_TOKENS = 1024  # tokens of a sequence per cp rank for cp to be considered
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,12 @@ class PlanRequest:
     schedule: str = "1f1b"
     top_k: int = 10
     solve_top: int = 0  # run the full solver on this many of the best plans
+    # Why context parallel is not considered for this job (None: it is; the GPUs run it)
+    cp_refused: str | None = None
+
+    @property
+    def context_parallel(self) -> bool:
+        return self.cp_refused is None
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,8 @@ class Candidate:
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
     # the first and last chunk hold one layer fewer (embedding / head in its place)
     ends_as_layers: bool = False
+    ep: int = 1  # expert parallel (MoE experts split over ep ranks reading distinct data)
+    cp: int = 1  # context parallel (each sequence split over cp ranks)
 
     @property
     def schedule(self) -> str:
@@ -68,11 +85,16 @@ class Candidate:
     @property
     def mesh(self) -> MeshShape:
         return MeshShape(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
-                         tp=self.tp)
+                         ep=self.ep, cp=self.cp, tp=self.tp)
 
     @property
     def dp(self) -> int:
         return self.dp_shard * self.dp_replicate
+
+    @property
+    def data_shards(self) -> int:
+        """Ranks reading distinct data: the global batch is split over these."""
+        return self.dp * self.ep
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -81,14 +103,15 @@ class Candidate:
         ac = " ac" if self.activation_checkpointing else ""
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         ends = " ends" if self.ends_as_layers else ""
-        return (f"tp{self.tp} pp{self.pp} dps{self.dp_shard} dpr{self.dp_replicate} "
+        extra = (f" ep{self.ep}" if self.ep > 1 else "") + (f" cp{self.cp}" if self.cp > 1 else "")
+        return (f"tp{self.tp} pp{self.pp} dps{self.dp_shard} dpr{self.dp_replicate}{extra} "
                 f"z{self.zero_stage} m{self.microbatches}{v}{ends}{ac}")
 
 
 @dataclass(frozen=True)
 class Rejection:
     config: Candidate
-    reason: str  # memory | tp_domain | heads | layers | batch | workers
+    reason: str  # memory | tp_domain | heads | layers | batch | workers | experts | sequence
     message: str
     need_bytes: float | None = None  # memory: what the configuration needs per GPU
 
@@ -147,9 +170,10 @@ def _microbatch_options(local_batch: int, pp: int) -> list[int]:
     return sorted({opts[round(i * step)] for i in range(_MAX_MICROBATCH_OPTIONS)})
 
 
-def candidates(model: ModelShape, *, world: int, global_batch: int, max_tp: int
-               ) -> Iterator[Candidate | Rejection]:
-    """Every configuration of `world` GPUs, or the reason a whole family is impossible."""
+def candidates(model: ModelShape, *, world: int, global_batch: int, max_tp: int,
+               context_parallel: bool = False) -> Iterator[Candidate | Rejection]:
+    """Every configuration of `world` GPUs, or the reason a whole family is impossible
+    (expert-parallel families for a MoE model, context-parallel ones when allowed)."""
     for tp in divisors(world):
         if tp > 1 and tp & (tp - 1):
             continue  # TP degrees are powers of two in practice (heads, hidden sizes)
@@ -167,6 +191,62 @@ def candidates(model: ModelShape, *, world: int, global_batch: int, max_tp: int
                 break
             dp = world // tp // pp
             yield from _family(model, tp=tp, pp=pp, dp=dp, global_batch=global_batch)
+    if model.experts:
+        yield from _ep_families(model, world=world, global_batch=global_batch)
+    if context_parallel and not model.experts:
+        yield from _cp_families(model, world=world, global_batch=global_batch)
+
+
+def ep_degrees(model: ModelShape, world: int) -> list[int]:
+    """Expert-parallel degrees > 1 the planner tries: divisors of the world."""
+    return [ep for ep in divisors(world) if ep > 1] if model.experts else []
+
+
+def cp_degrees(model: ModelShape, world: int) -> list[int]:
+    """Context-parallel degrees > 1 the planner tries: powers of two dividing the world that
+    leave every cp rank `CP_MIN_TOKENS` tokens or more."""
+    return [cp for cp in _pow2_divisors(world)
+            if cp > 1 and model.seq_len // cp >= CP_MIN_TOKENS]
+
+
+def _sharded_families(model: ModelShape, *, world: int, global_batch: int, dim: str,
+                      degree: int, data_shards: int) -> Iterator[Candidate | Rejection]:
+    """ep or cp (`dim`) = `degree` with dp_shard = world / degree: FSDP over both (ZeRO-2/3
+    when dp_shard > 1; with dp_shard = 1 the workers shard over the ep / cp ranks anyway)."""
+    dp_shard = world // degree
+    base = Candidate(1, 1, dp_shard, 1, 0, 1, False, **{dim: degree})
+    if global_batch % data_shards:
+        yield Rejection(base, "batch", f"global batch {global_batch} is not divisible by the "
+                        f"{data_shards} ranks reading distinct data ({dim}={degree})")
+        return
+    local = global_batch // data_shards
+    for zero in ((2, 3) if dp_shard > 1 else (0,)):
+        for m in _microbatch_options(local, 1):
+            for ac in (False, True):
+                yield Candidate(1, 1, dp_shard, 1, zero, m, ac, **{dim: degree})
+
+
+def _ep_families(model: ModelShape, *, world: int, global_batch: int
+                 ) -> Iterator[Candidate | Rejection]:
+    for ep in ep_degrees(model, world):
+        if model.experts % ep:
+            yield Rejection(Candidate(1, 1, world // ep, 1, 0, 1, False, ep=ep), "experts",
+                            f"ep={ep} does not divide the {model.experts} experts")
+            continue
+        yield from _sharded_families(model, world=world, global_batch=global_batch, dim="ep",
+                                     degree=ep, data_shards=world)
+
+
+def _cp_families(model: ModelShape, *, world: int, global_batch: int
+                 ) -> Iterator[Candidate | Rejection]:
+    for cp in cp_degrees(model, world):
+        if model.seq_len % (2 * cp):
+            yield Rejection(Candidate(1, 1, world // cp, 1, 0, 1, False, cp=cp), "sequence",
+                            f"cp={cp} splits each sequence into 2*cp={2 * cp} chunks; "
+                            f"seq_len={model.seq_len} is not a multiple of it")
+            continue
+        yield from _sharded_families(model, world=world, global_batch=global_batch, dim="cp",
+                                     degree=cp, data_shards=world // cp)
 
 
 def _family(model: ModelShape, *, tp: int, pp: int, dp: int,

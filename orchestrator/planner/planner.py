@@ -3,12 +3,15 @@ activation checkpointing) for a model on a cluster's free GPUs and rank by estim
 
 Pure module. The search space (configurations, with Llama 3's uneven end stages for
 interleaving) is `plan_space.py`; the fit checks and the "fits nowhere" answer `plan_fit.py`.
-Per configuration:
+Expert parallel (ep, for MoE models) and context parallel (cp, on GPUs, long sequences) are
+searched as the workers run them (plan_space.py); the note on their choice is
+plan_explain.py. Per configuration:
 
   memory      per GPU on the busiest pipeline stage, broken down as the workers hold it
               (memory.py: FSDP's unsharded gradients and parameters while sync is deferred
               to the last microbatch): must fit `usable` = GPU memory x (1 - reserve)
-  compute     6 * N * tokens / (world * peak FLOP/s * efficiency); x 4/3 with activation
+  compute     6 * N * tokens / (world * peak FLOP/s * efficiency), N the parameters a token
+              uses (a MoE block's top_k experts, not all); x 4/3 with activation
               checkpointing (the forward runs again in backward: 8N instead of 6N)
   bubble      (p - 1) / (v*m + p - 1) of the pipelined step (v chunks per rank with
               interleaved 1F1B, else 1): step = compute / (1 - bubble)
@@ -45,6 +48,7 @@ from typing import Any
 from orchestrator.placement.cost import ModelDims, call_seconds, communication_signature
 from orchestrator.placement.links import LinkFigures
 from orchestrator.planner.memory import MemoryBreakdown, ModelShape
+from orchestrator.planner.plan_explain import degree_notes
 from orchestrator.planner.plan_fit import (
     NoFit,
     find_no_fit,
@@ -129,7 +133,8 @@ def _dims(model: ModelShape, c: Candidate, *, local: int, precision: str) -> Mod
                      pp_microbatches=c.microbatches if pipelined else 1,
                      grad_accum_steps=1 if pipelined else c.microbatches,
                      act_bytes=elt, param_bytes=elt, sequence_parallel=c.tp > 1,
-                     zero_stage=c.zero_stage)
+                     zero_stage=c.zero_stage, moe_experts=model.experts,
+                     moe_top_k=model.top_k, moe_capacity_factor=model.capacity_factor)
 
 
 def _comm(layout: Layout, c: Candidate, dims: ModelDims
@@ -159,7 +164,7 @@ def _comm(layout: Layout, c: Candidate, dims: ModelDims
 
 def evaluate(c: Candidate, *, req: PlanRequest, layout: Layout) -> Plan | Rejection:
     model, hw = req.model, req.hardware
-    local = req.global_batch // c.dp
+    local = req.global_batch // c.data_shards
     stages = c.pp * c.virtual_stages
     if (rej := precheck(c, req=req)) is not None:
         return rej
@@ -168,7 +173,7 @@ def evaluate(c: Candidate, *, req: PlanRequest, layout: Layout) -> Plan | Reject
         return mem
     world = c.mesh.world_size
     tokens = req.global_batch * model.seq_len
-    flops = (8 if c.activation_checkpointing else 6) * model.total_params * tokens
+    flops = (8 if c.activation_checkpointing else 6) * model.active_params * tokens
     compute = flops / (world * hw.peak_tflops * 1e12 * hw.efficiency)
     # interleaving v chunks per rank shrinks the bubble v-fold (Narayanan et al. 2021)
     bubble = (c.pp - 1) / (c.virtual_stages * c.microbatches + c.pp - 1) if c.pp > 1 else 0.0
@@ -190,7 +195,8 @@ def _rank_key(p: Plan) -> tuple[float, ...]:
     # Equal step times (to 0.1%) go to the simpler plan: fewer dimensions, less sharding.
     c = p.config
     return (round(p.step_s, 12) if p.step_s == 0 else round(math.log(p.step_s) * 1000),
-            c.tp * c.pp, c.zero_stage, int(c.activation_checkpointing), c.virtual_stages,
+            c.tp * c.pp * c.ep * c.cp, c.zero_stage, int(c.activation_checkpointing),
+            c.virtual_stages,
             c.microbatches, p.memory.total)
 
 
@@ -206,13 +212,16 @@ def plan(cluster: ClusterTopology, req: PlanRequest, *,
     rejected: list[Rejection] = []
     misses: list[Rejection] = []  # memory rejections: the nearest misses are quoted
     counts: Counter[str] = Counter()
+    by_degree: dict[tuple[str, int], Counter[str]] = {}  # (ep|cp, degree) -> reasons
     considered = 0
     for item in candidates(req.model, world=world, global_batch=req.global_batch,
-                           max_tp=layout.tp_domain):
+                           max_tp=layout.tp_domain, context_parallel=req.context_parallel):
         considered += 1
         out = item if isinstance(item, Rejection) else evaluate(item, req=req, layout=layout)
         if isinstance(out, Rejection):
             counts[out.reason] += 1
+            for dim in ("ep", "cp"):
+                by_degree.setdefault((dim, getattr(out.config, dim)), Counter())[out.reason] += 1
             if out.reason == "memory":
                 misses.append(out)
             elif counts[out.reason] <= 3:
@@ -231,7 +240,9 @@ def plan(cluster: ClusterTopology, req: PlanRequest, *,
     return PlanResult(plans=top, rejected=tuple(rejected), rejected_counts=dict(counts),
                       considered=considered, feasible=len(plans),
                       elapsed_s=time.perf_counter() - start, world_size=world,
-                      tp_domain=layout.tp_domain, notes=(*layout.notes, *_skipped(req, world)),
+                      tp_domain=layout.tp_domain,
+                      notes=(*layout.notes, *_skipped(req, world),
+                             *degree_notes(req, world, plans, by_degree)),
                       no_fit=no_fit)
 
 
@@ -247,7 +258,7 @@ def _with_solver(cluster: ClusterTopology, p: Plan, *, req: PlanRequest,
     from orchestrator.placement.solver import Constraints, solve
     from orchestrator.spec import ConstraintMode
 
-    local = req.global_batch // p.config.dp
+    local = req.global_batch // p.config.data_shards
     dims = _dims(req.model, p.config, local=local, precision=req.hardware.precision)
     out = solve(cluster, p.config.mesh, constraints=Constraints(mode=ConstraintMode.PREFERRED),
                 model=dims, figures=figures)

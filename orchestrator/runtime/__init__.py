@@ -7,7 +7,7 @@ imports ray (its pure parts -- events, policy, failures -- import no framework).
     controller.py     one detached actor per attempt: placement wait, workers, event log
     gang.py           the attempt's worker actors: create, rank, launch, poll, stop
     hangwatch.py      the attempt's hang watchdog: evidence rounds, reports, actions
-    node_evidence.py  nvidia-smi -q on each node of a diagnosis round
+    node_evidence.py  nvidia-smi -q and Xid lines on each node of a diagnosis round
     poller.py         controllers' events -> the store; applies the restart policy
     pool.py           warm worker actors reused across CPU jobs
     calibrate.py      `meshyard calibrate` as a Ray job

@@ -1,8 +1,12 @@
 """The per-attempt controller: one detached, named Ray actor per job attempt.
 
 It outlives the control plane (detached), so a restarted control plane reattaches to it by
-name (`events.controller_name(job, attempt)` in namespace `meshyard`) and resumes polling from
-the cursor it stored. The controller never writes the database: it appends typed events
+name and resumes polling from the cursor it stored. The name is recorded in the attempt's
+placement (`placement["controller"]`): a spare controller started ahead of time
+(runtime/spares.py, `events.spare_controller_name`) keeps its own name when an attempt
+adopts it; a controller started for the attempt is `events.controller_name(job, attempt)`,
+which is also the name of an attempt that records none. Both live in namespace `meshyard`.
+The controller never writes the database: it appends typed events
 (`orchestrator.runtime.events`) to an in-memory log with increasing sequence numbers; the
 control plane reads them with `poll(after=cursor)`, writes them, stores the cursor, then
 `ack`s so the controller may drop them. Nothing is dropped before it is acknowledged, so
@@ -50,6 +54,7 @@ from orchestrator.runtime.events import (
     Terminal,
     Usage,
     WorkersReady,
+    attempt_controller_name,
     controller_name,
 )
 from orchestrator.runtime.failures import (
@@ -99,8 +104,8 @@ class _EventLog:
 class AttemptController:
     """Runs one attempt. Methods other than the run thread are quick and thread-safe."""
 
-    def __init__(self, config: AttemptConfig) -> None:
-        self.cfg = config
+    def __init__(self, config: AttemptConfig | None = None) -> None:
+        """Without a config: a spare, idle until `adopt` gives it an attempt."""
         self.log = _EventLog()
         self._cancel = threading.Event()
         self._done = threading.Event()
@@ -109,13 +114,35 @@ class AttemptController:
         self._ranks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._gang: WorkerGang | None = None
+        self._adopt_lock = threading.Lock()
+        self.cfg: AttemptConfig | None = None
+        if config is not None:
+            self._configure(config)
+
+    def _configure(self, config: AttemptConfig) -> None:
         self._user_code = config.spec.entrypoint is not None
         self._checkpoints = ReportedCheckpoints(
             root=Path(config.run_dir) / "checkpoints", world_size=config.world_size,
             attempt=config.attempt) if self._user_code else None
+        self.cfg = config
+
+    @property
+    def config(self) -> AttemptConfig:
+        assert self.cfg is not None, "a spare controller has no attempt"
+        return self.cfg
 
     # -- control-plane API ------------------------------------------------------------------
+    def adopt(self, config: AttemptConfig) -> bool:
+        """A spare takes its attempt and starts it; False if it already has one."""
+        with self._adopt_lock:
+            if self.cfg is not None:
+                return False
+            self._configure(config)
+        return self.start()
+
     def start(self) -> bool:
+        if self.cfg is None:
+            return False  # a spare: nothing to run yet
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="attempt", daemon=True)
             self._thread.start()
@@ -125,8 +152,10 @@ class AttemptController:
         with self._ranks_lock:
             ranks = tuple(self._ranks.values())
         outcome = self._outcome.KIND if self._outcome is not None else None
+        cfg = self.cfg
         return PollReply(events=self.log.after(after, limit), ranks=ranks, seq=self.log.seq,
-                         outcome=outcome, job_id=self.cfg.job_id, attempt=self.cfg.attempt)
+                         outcome=outcome, job_id=cfg.job_id if cfg else "",
+                         attempt=cfg.attempt if cfg else 0)
 
     def ack(self, cursor: int) -> None:
         self.log.ack(cursor)
@@ -185,7 +214,7 @@ class AttemptController:
     def _attempt(self) -> None:
         if not self._wait_for_placement():
             return
-        self._gang = gang = WorkerGang(self.cfg, cancel=self._cancel)
+        self._gang = gang = WorkerGang(self.config, cancel=self._cancel)
         ranks = gang.create()
         if ranks is None:  # cancelled while creating
             gang.kill()
@@ -198,7 +227,7 @@ class AttemptController:
         self._supervise(gang)
 
     def _wait_for_placement(self) -> bool:
-        cfg = self.cfg
+        cfg = self.config
         pg = ray.util.get_placement_group(cfg.pg_name)
         ready = pg.ready()
         deadline = time.monotonic() + cfg.placement_timeout_s
@@ -221,7 +250,7 @@ class AttemptController:
     def _supervise(self, gang: WorkerGang) -> None:
         first_step = started = False
         grace = _USER_STOP_GRACE_S if self._user_code else _STOP_GRACE_S
-        watch = AttemptWatchdog(self.cfg, emit=self.log.emit)
+        watch = AttemptWatchdog(self.config, emit=self.log.emit)
         while True:
             finished = gang.wait(timeout_s=_TICK_S)
             drained = gang.drain()
@@ -284,7 +313,7 @@ class AttemptController:
         there is one (a hang, a rank's exit), else from the first rank to die or fail.
         User code that could not even load fails the same way on every attempt: it is a
         setup error and names no node as bad."""
-        preflight = preflight_failure(failures, gang=gang, cfg=self.cfg)
+        preflight = preflight_failure(failures, gang=gang, cfg=self.config)
         if preflight is not None:
             self._finish(preflight)
             return
@@ -320,11 +349,10 @@ def preflight_failure(failures: list[RankFailure], *, gang: WorkerGang | None,
         if gang is not None else {}
     nodes = tuple(sorted({str(where[r][0]) for r in culprits if r in where and where[r][0]}))
     peers = {str(n) for n, _ in where.values() if n}
-    link = "intra-node" if len(peers) <= 1 else "across nodes"
     detail = f" (culprit{'s' if len(culprits) != 1 else ''} " + ", ".join(
         f"rank {r} on {where[r][0]}" + (f" GPU {where[r][1]}" if where[r][1] is not None
                                           else "") for r in culprits if r in where) + \
-        f"; the gang spans {len(peers)} node(s), links {link})" if culprits else ""
+        f"; the gang spans {len(peers)} node(s))" if culprits else ""
     return Failed(reason=Reason.PREFLIGHT_FAILED, message=f"{message}{detail}",
                   groups=tuple(group_failures(failures)), failed_nodes=nodes,
                   avoid_nodes=nodes)
@@ -334,21 +362,39 @@ RemoteController: Any = ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_concurrency=16, max_restarts=0)(AttemptController)
 
 
-def launch_controller(config: AttemptConfig, *, near_node_id: str | None = None) -> Any:
-    """Creates (detached, named) and starts the controller of one attempt."""
-    opts: dict[str, Any] = {"name": controller_name(config.job_id, config.attempt),
-                            "namespace": NAMESPACE, "lifetime": "detached"}
+def controller_options(name: str, near_node_id: str | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
     if near_node_id:
         # Keep controllers next to the control plane (the head): losing a worker node must
         # not take the controller with it.
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=True)
+    return opts
+
+
+def launch_controller(config: AttemptConfig, *, near_node_id: str | None = None,
+                      spare: Any | None = None, adopt_timeout_s: float = 30.0) -> Any:
+    """Starts the controller of one attempt: `spare` (a spare controller's handle) adopts
+    it, else a new detached actor named `controller_name(job, attempt)` is created."""
+    if spare is not None:
+        if not ray.get(spare.adopt.remote(config), timeout=adopt_timeout_s):
+            raise RuntimeError("the spare controller already runs an attempt")
+        return spare
+    opts = controller_options(controller_name(config.job_id, config.attempt), near_node_id)
     handle = RemoteController.options(**opts).remote(config)
     handle.start.remote()
     return handle
 
 
-def find_controller(job_id: str, attempt: int) -> Any | None:
+def recorded_controller_name(store: Any, job_id: str, attempt: int) -> str:
+    """The name `store`'s record of the attempt gives its controller."""
+    placement = next((a.placement for a in store.list_attempts(job_id) if a.number == attempt),
+                     None)
+    return attempt_controller_name(job_id, attempt, placement)
+
+
+def find_controller(job_id: str, attempt: int, name: str | None = None) -> Any | None:
+    """The attempt's controller (`name`: the one its placement records), None if gone."""
     try:
-        return ray.get_actor(controller_name(job_id, attempt), namespace=NAMESPACE)
+        return ray.get_actor(name or controller_name(job_id, attempt), namespace=NAMESPACE)
     except ValueError:
         return None

@@ -20,6 +20,10 @@ The Ray names the two sides find each other by are defined here too, with their 
 
 >>> controller_name("j1", 2), parse_controller_name("meshyard-ctrl-j1-2")
 ('meshyard-ctrl-j1-2', ('j1', 2))
+>>> spare_controller_name("3f2a"), parse_controller_name("meshyard-spare-3f2a")
+('meshyard-spare-3f2a', None)
+>>> is_spare_controller_name("meshyard-spare-3f2a"), is_spare_controller_name("meshyard-ctrl-j1-2")
+(True, False)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, ClassVar
 
 from orchestrator.lifecycle import RankState, Reason
 from orchestrator.placement.gang_plan import Bundle
+from orchestrator.placement.links import LinkFigures
 from orchestrator.runtime.failures import FailureGroup
 from orchestrator.spec import JobSpec, WatchdogAction
 from orchestrator.topology.model import ClusterTopology
@@ -41,10 +46,36 @@ NAMESPACE = "meshyard"
 POOL_NAME = "meshyard-pool"
 _CONTROLLER_PREFIX = "meshyard-ctrl-"
 _PG_PREFIX = "meshyard-pg-"
+_SPARE_PREFIX = "meshyard-spare-"
 
 
 def controller_name(job_id: str, attempt: int) -> str:
     return f"{_CONTROLLER_PREFIX}{job_id}-{attempt}"
+
+
+def spare_controller_name(token: str) -> str:
+    """A spare controller's name: started before any attempt needs it, it keeps this name
+    when an attempt adopts it (the attempt's placement records which name it has)."""
+    return f"{_SPARE_PREFIX}{token}"
+
+
+def is_spare_controller_name(name: str) -> bool:
+    return name.startswith(_SPARE_PREFIX) and len(name) > len(_SPARE_PREFIX)
+
+
+def attempt_controller_name(job_id: str, attempt: int,
+                            placement: dict[str, Any] | None) -> str:
+    """The name of an attempt's controller, as its placement records it (`controller`);
+    `controller_name(job, attempt)` for one that records none.
+
+    >>> attempt_controller_name("j1", 2, {"controller": "meshyard-spare-3f2a"})
+    'meshyard-spare-3f2a'
+    >>> attempt_controller_name("j1", 2, {"bundles": []}), attempt_controller_name("j1", 2, None)
+    ('meshyard-ctrl-j1-2', 'meshyard-ctrl-j1-2')
+    """
+    recorded = (placement or {}).get("controller")
+    return recorded if isinstance(recorded, str) and recorded else \
+        controller_name(job_id, attempt)
 
 
 def pg_name(job_id: str, attempt: int) -> str:
@@ -82,9 +113,10 @@ class AttemptConfig:
     steps: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
-    use_pool: bool = False  # lease warm actors for CPU bundles (orchestrator/runtime/pool.py)
+    use_pool: bool = False  # lease warm actors (orchestrator/runtime/pool.py)
     package_uri: str | None = None  # user code uploaded to Ray (runtime_env working_dir)
     usage_interval_s: float = 10.0  # one utilisation sample per rank this often, at most
+    link_figures: LinkFigures | None = None  # calibrated figures (None: the defaults)
 
     @property
     def pg_name(self) -> str:

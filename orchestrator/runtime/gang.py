@@ -22,7 +22,9 @@ from ray.util.scheduling_strategies import (
 
 from orchestrator.lifecycle import RankState
 from orchestrator.mesh import MeshShape
+from orchestrator.placement.links import LinkModel
 from orchestrator.placement.ranks import landed_ranks
+from orchestrator.preflight import ExpectedLink, Site, expected_links
 from orchestrator.runtime.events import AttemptConfig, Master, RankStatus
 from orchestrator.runtime.failures import RankFailure
 from orchestrator.runtime.pool import find_pool
@@ -42,6 +44,13 @@ _ANCHOR_LINES = 3
 _CAPTURED = ("stdout", "stderr")
 # Reads a dead rank's log files on its node (they are where its process wrote them).
 _unseen_tail = ray.remote(num_cpus=0, max_retries=0)(unseen_tail)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _bundle_gpus() -> list[int]:
+    """The GPU ids Ray assigns inside a bundle (run there with the bundle's num_gpus): the
+    ones a cold actor in that bundle would see."""
+    return [int(g) for g in ray.get_gpu_ids()]
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class WorkerGang:
         self.workers: dict[int, Any] = {}
         self.ranks: dict[int, RankStatus] = {}
         self.master = Master(addr="", port=0)
+        self.preflight_port: int | None = None
         self._refs: dict[Any, int] = {}
         self._results: dict[int, RankResult] = {}
         self._dead: set[int] = set()
@@ -86,12 +96,27 @@ class WorkerGang:
         self._usage_every_s = max(cfg.usage_interval_s, cfg.world_size / 5.0)
         self._actors: list[Any] = []
         self._pooled: dict[str, list[Any]] = {}  # node id -> leased warm actors
+        self._visible: dict[int, tuple[int, ...]] = {}  # pooled GPU bundle -> its GPU ids
+        self._bundle_of: dict[int, int] = {}  # rank -> bundle index
+        self._pooled_bundles: set[int] = set()
 
     # -- start ------------------------------------------------------------------------------
     def create(self) -> tuple[RankStatus, ...] | None:
         """Creates the actors, reads where each landed and assigns ranks; None if cancelled."""
         pg = ray.util.get_placement_group(self.cfg.pg_name)
         pooled = self._lease_pooled()
+        # A pooled actor holds no Ray GPU: its bundle's GPUs, as Ray assigns them there.
+        bundle_gpus = self._gather([_bundle_gpus.options(  # type: ignore[attr-defined]
+            num_gpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=i)).remote()
+            for i in sorted(pooled) if self.cfg.bundles[i].gpu is not None],
+            self.cfg.init_timeout_s)
+        if bundle_gpus is None:
+            self.kill()
+            return None
+        gpu_bundles = [i for i in sorted(pooled) if self.cfg.bundles[i].gpu is not None]
+        self._visible = dict(zip(gpu_bundles, map(tuple, bundle_gpus), strict=True))
+        self._pooled_bundles = set(pooled)
         # Uploaded user code reaches each node through Ray's working_dir (unpacked there by
         # Ray's runtime-env agent, held while the actor lives); see orchestrator/packages.py.
         extra: dict[str, Any] = {}
@@ -112,24 +137,39 @@ class WorkerGang:
         if infos is None:
             self.kill()
             return None
-        where = [(str(x["node_id"]), x["gpu_ids"][0] if x["gpu_ids"] else None) for x in infos]
+        gpu_ids = [self._visible.get(i) or x["gpu_ids"] for i, x in enumerate(infos)]
+        where = [(str(x["node_id"]), g[0] if g else None) for x, g in zip(infos, gpu_ids,
+                                                                         strict=True)]
         mesh = MeshShape.from_parallelism(self.cfg.spec.parallelism)
         ranks = landed_ranks(bundles=self.cfg.bundles, landed=where, mesh=mesh,
                              cluster=self.cfg.cluster, tp_within=self.cfg.spec.placement.tp_within)
         for i, rank in enumerate(ranks):
             info, (node_id, gpu) = infos[i], where[i]
             self.workers[rank] = actors[i]
+            self._bundle_of[rank] = i
             self.ranks[rank] = RankStatus(rank=rank, node=self.cfg.bundles[i].node,
                                           node_id=node_id, gpu=gpu, coords=mesh.coords(rank),
                                           pid=info["pid"], ip=info["ip"], bundle=i)
         port = ray.get(self.workers[0].free_port.remote(), timeout=_POLL_TIMEOUT_S * 6)
         self.master = Master(addr=str(self.ranks[0].ip), port=int(port))
+        self.preflight_port = self._preflight_port(used=int(port))
         return tuple(self.ranks[r] for r in sorted(self.ranks))
 
+    def _preflight_port(self, *, used: int) -> int | None:
+        """User code: a second port on rank 0's node for the pre-flight check's rendezvous
+        (the user's code rendezvouses on MASTER_PORT after it)."""
+        spec = self.cfg.spec
+        if spec.entrypoint is None or not spec.preflight.enabled or len(self.ranks) < 2:
+            return None
+        for _ in range(5):
+            port = int(ray.get(self.workers[0].free_port.remote(), timeout=_POLL_TIMEOUT_S * 6))
+            if port != used:
+                return port
+        raise RuntimeError(f"no second free port on rank 0's node (got {used} again)")
+
     def _lease_pooled(self) -> dict[int, Any]:
-        """Bundle index -> a warm pooled actor on the bundle's node (CPU bundles only)."""
-        if not self.cfg.use_pool or self.cfg.package_uri or \
-                any(b.gpu is not None for b in self.cfg.bundles):
+        """Bundle index -> a warm pooled actor on the bundle's node."""
+        if not self.cfg.use_pool:
             return {}
         pool = find_pool()
         if pool is None:
@@ -137,10 +177,14 @@ class WorkerGang:
         by_node: dict[str, list[int]] = {}
         for i, b in enumerate(self.cfg.bundles):
             by_node.setdefault(str(b.node_id), []).append(i)
+        # The controller's name: the pool kills what it leased if the controller is gone
+        # without handing the actors back.
+        lessee = ray.get_runtime_context().get_actor_name() or None
         out: dict[int, Any] = {}
         for node, idxs in by_node.items():
             try:
-                got = ray.get(pool.lease.remote(node, len(idxs)), timeout=_POLL_TIMEOUT_S)
+                got = ray.get(pool.lease.remote(node, len(idxs), lessee),
+                              timeout=_POLL_TIMEOUT_S)
             except (RayError, GetTimeoutError):
                 continue
             self._pooled.setdefault(node, []).extend(got)
@@ -168,6 +212,7 @@ class WorkerGang:
             per_node.setdefault(self.ranks[r].node_id, []).append(r)
         node_rank = {node: i for i, node in enumerate(per_node)}
         env = dict(cfg.extra_env, MESHYARD_JOB_ID=cfg.job_id, MESHYARD_ATTEMPT=str(cfg.attempt))
+        links = self.preflight_links()
         for r, w in self.workers.items():
             node = self.ranks[r].node_id
             peers = per_node[node]
@@ -177,10 +222,32 @@ class WorkerGang:
                 run_dir=cfg.run_dir, log_dir=cfg.log_dir, train_fn=cfg.train_fn,
                 steps=cfg.steps, env=env, node_rank=node_rank[node], num_nodes=len(per_node),
                 local_gpus=gpus if len(gpus) == len(peers) else (),
+                preflight_links=links.get(r, {}), preflight_port=self.preflight_port,
+                visible_gpus=self._visible.get(self._bundle_of[r]),
+                package_uri=cfg.package_uri if self._bundle_of[r] in self._pooled_bundles
+                else None,
                 dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,
                               local_world_size=len(peers), master_addr=self.master.addr,
                               master_port=self.master.port))
             self._refs[w.run.remote(assignment)] = r
+
+    def preflight_links(self) -> dict[int, dict[str, dict[str, ExpectedLink]]]:
+        """Each rank's expected pre-flight figures per backend, from where the ranks landed:
+        gloo's host figures always, NCCL's links from the topology when every rank holds a
+        GPU (calibrated figures when stored, else the defaults)."""
+        if not self.cfg.spec.preflight.enabled or len(self.ranks) < 2:
+            return {}
+        sites = {r: Site(node=str(s.node or s.node_id), gpu=s.gpu, host=str(s.ip))
+                 for r, s in self.ranks.items()}
+        mesh = MeshShape.from_parallelism(self.cfg.spec.parallelism)
+        figures = self.cfg.link_figures
+        by_backend = {"gloo": expected_links(mesh=mesh, sites=sites, backend="gloo",
+                                             figures=figures)}
+        if self.cfg.cluster is not None and all(s.gpu is not None for s in sites.values()):
+            by_backend["nccl"] = expected_links(
+                mesh=mesh, sites=sites, backend="nccl",
+                cluster_links=LinkModel(self.cfg.cluster, figures))
+        return {r: {b: links[r] for b, links in by_backend.items()} for r in sites}
 
     # -- supervise --------------------------------------------------------------------------
     def wait(self, *, timeout_s: float) -> bool:

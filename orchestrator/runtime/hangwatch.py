@@ -26,9 +26,10 @@ from orchestrator.mesh import MeshShape
 from orchestrator.runtime.events import AttemptConfig, Diagnosis, Failed, Payload, WatchdogError
 from orchestrator.runtime.failures import RankFailure
 from orchestrator.runtime.gang import Drained, WorkerGang
-from orchestrator.runtime.node_evidence import gather_node_evidence
+from orchestrator.runtime.node_evidence import NodeEvidence, gather_node_evidence
 from orchestrator.spec import WatchdogAction
 from orchestrator.watchdog.evidence_files import read_announcement, stamp_now
+from orchestrator.watchdog.hardware import with_driver_errors
 from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.locate import rank_locations
 from orchestrator.watchdog.monitor import Action, Due, HangMonitor
@@ -81,6 +82,8 @@ class AttemptWatchdog:
         try:
             if self.monitor.reported:
                 return  # a hang was already diagnosed; its fallout (timeouts) is not news
+            if any(f.error_type == "PreflightFailed" for f in failures):
+                return  # the pre-flight check failed (the attempt says where): no code ran
             died = {f.rank: f.message or "process died" for f in failures if f.died}
             failed = {f.rank: f for f in failures}
             running = [r for r in gang.ranks if r not in failed]
@@ -117,6 +120,8 @@ class AttemptWatchdog:
         if self._ending(gang):
             return None  # the last ranks are leaving: the end of a job, not a hang
         report = self._round(gang, trigger="stall", context=due.describe())
+        if self._ended_cleanly(gang):
+            return None  # every rank completed while the round ran: the job ended, no hang
         self.monitor.mark_reported()
         if report.verdict is not Verdict.STRAGGLER:
             self.open_report = report
@@ -136,6 +141,11 @@ class AttemptWatchdog:
         while not gang.all_done() and not gang.failures() and time.monotonic() < deadline:
             gang.wait(timeout_s=0.2)
         return gang.all_done()
+
+    @staticmethod
+    def _ended_cleanly(gang: WorkerGang) -> bool:
+        gang.wait(timeout_s=0.2)
+        return gang.all_done() and not gang.failures()
 
     def _probe(self, gang: WorkerGang) -> None:
         report = self._round(gang, trigger="straggler", stamp=_PROBE_STAMP,
@@ -174,10 +184,12 @@ class AttemptWatchdog:
                 summaries[r] = {"rank": r, "pending": [ann]}
         anns = {r: a for r in dead if (a := read_announcement(run_dir, r)) is not None}
         summaries, anns = resolve_announcements(summaries, anns)  # op id -> collective seq
-        artifacts = tuple(self._node_evidence(gang, stamp)) if trigger != "straggler" else ()
+        nodes = self._node_evidence(gang, stamp) if trigger != "straggler" else NodeEvidence()
+        locations = self._locations(gang)
         report = self.monitor.analysis(
-            summaries=summaries, dead=dead, announcements=anns, locations=self._locations(gang),
-            trigger=trigger, artifacts=artifacts, context=context)
+            summaries=summaries, dead=dead, announcements=anns, locations=locations,
+            trigger=trigger, artifacts=tuple(nodes.paths), context=context)
+        report = with_driver_errors(report, nodes.gpus, locations)
         if exit_times:
             report = _with_exit_times(report, exit_times)
         return report
@@ -199,10 +211,10 @@ class AttemptWatchdog:
                               mesh_dims=MeshShape.from_parallelism(self.cfg.spec.parallelism)
                               .as_dict())
 
-    def _node_evidence(self, gang: WorkerGang, stamp: str) -> list[str]:
-        """`nvidia-smi -q` once per node of a GPU job."""
+    def _node_evidence(self, gang: WorkerGang, stamp: str) -> NodeEvidence:
+        """`nvidia-smi -q` and the kernel's Xid lines once per node of a GPU job."""
         if all(b.gpu is None for b in self.cfg.bundles):
-            return []
+            return NodeEvidence()
         nodes = {str(info.node_id): info.node for info in gang.ranks.values()}
         return gather_node_evidence(nodes, run_dir=self.cfg.run_dir, stamp=stamp,
                                     timeout_s=_DIAG_TIMEOUT_S)

@@ -1,8 +1,11 @@
-"""Metrics no poll fetched: every worker actor appends each row it reports to
-`<run dir>/logs/attempt-<n>/rank-<r>.metrics.jsonl` (workers/actor.py). When an attempt's
-controller is lost (the control plane died with the embedded Ray: SIGKILL of `meshyard serve`),
-the rows reported after the last poll exist only there; the poller ingests them before it
-applies the restart policy.
+"""Metrics no poll fetched: every worker actor appends each step's row to
+`<run dir>/logs/attempt-<n>/rank-<r>.metrics.jsonl` (workers/actor.py) twice: when the step is
+done (without ``loss``: the global mean is known only at the loop's next sync step,
+workers/stepsync.py) and at that sync (the full row). When an attempt's controller is lost
+(the control plane died with the embedded Ray: SIGKILL of `meshyard serve`), the rows reported
+after the last poll exist only there; when a rank dies, the steps done since the last sync
+exist only there (without their loss). The poller ingests them before it applies the restart
+policy.
 
 Exactly once: `Store.add_missing_metrics` inserts, in one transaction, only the rows past the
 newest step the store holds for each (attempt, rank) -- that step is the cursor -- so an
@@ -33,15 +36,16 @@ def read_rank_rows(path: Path, *, rank: int) -> list[dict[str, Any]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    rows = []
+    rows: dict[int, dict[str, Any]] = {}
     for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and "time" in row:
-            rows.append(dict(row, rank=rank))
-    return rows
+            # A step's row before its sync (no loss) and then the full row: one, merged.
+            rows.setdefault(row["step"], {}).update(row, rank=rank)
+    return list(rows.values())
 
 
 def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Path,

@@ -1,5 +1,8 @@
-"""Per-node hang evidence: `nvidia-smi -q` (Xid errors, ECC, NVLink state) once per node of a
-GPU job, from a Ray task pinned to that node, into the round's `node-<name>/` folder."""
+"""Per-node hang evidence, once per node of a GPU job from a Ray task pinned to that node,
+into the round's `node-<name>/` folder: `nvidia-smi -q` (ECC counts, retired pages, remapped
+rows, NVLink state) and the kernel log's `NVRM: Xid` lines (dmesg, else journalctl -k). The
+task parses both on the node (orchestrator/watchdog/gpu_errors.py) and returns, besides the
+artifact paths, the GPUs whose driver reports errors, which the diagnosis then names."""
 
 from __future__ import annotations
 
@@ -7,20 +10,54 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.watchdog.evidence_files import PathLike, node_dir
+from orchestrator.watchdog.gpu_errors import gpu_errors, to_dicts
+
+_KERNEL_LOG = (["dmesg"], ["journalctl", "-k", "--no-pager", "-n", "20000"])
+_XID_MARK = "NVRM: Xid"
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    paths: list[str] = field(default_factory=list)
+    gpus: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # node -> GPU errors
+
+
+def _run(argv: list[str], timeout_s: float) -> str | None:
+    exe = shutil.which(argv[0])
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, *argv[1:]], capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError) as ex:
+        return f"{argv[0]} failed: {ex}"
+    return res.stdout if res.returncode == 0 else None
+
+
+def kernel_xid_lines(timeout_s: float) -> str:
+    """The kernel log's Xid lines (dmesg needs CAP_SYSLOG where dmesg_restrict is set; the
+    journal is the fallback); '' when neither can be read."""
+    for argv in _KERNEL_LOG:
+        text = _run(argv, timeout_s)
+        if text is not None:
+            return "\n".join(ln for ln in text.splitlines() if _XID_MARK in ln)
+    return ""
 
 
 def collect_node_evidence(run_dir: PathLike, *, stamp: str, node: str | None = None,
-                          timeout_s: float = 20.0) -> list[str]:
-    """Runs on the node. Returns the artifact paths; nothing without nvidia-smi (CPU nodes)."""
+                          timeout_s: float = 20.0) -> dict[str, Any]:
+    """Runs on the node: {"paths": artifacts, "gpus": the GPUs with driver errors}; nothing
+    without nvidia-smi (CPU nodes)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return []
+        return {"paths": [], "gpus": []}
     out_dir = node_dir(run_dir, stamp=stamp, node=node or socket.gethostname())
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -31,21 +68,30 @@ def collect_node_evidence(run_dir: PathLike, *, stamp: str, node: str | None = N
         text = f"nvidia-smi failed: {ex}"
     path = out_dir / "nvidia-smi-q.txt"
     path.write_text(text)
-    return [str(path)]
+    paths = [str(path)]
+    xids = kernel_xid_lines(timeout_s)
+    if xids:
+        kernel = out_dir / "kernel-xid.log"
+        kernel.write_text(xids + "\n")
+        paths.append(str(kernel))
+    return {"paths": paths, "gpus": to_dicts(gpu_errors(text, xids))}
 
 
 def gather_node_evidence(nodes: Mapping[str, str | None], *, run_dir: str, stamp: str,
-                         timeout_s: float) -> list[str]:
+                         timeout_s: float) -> NodeEvidence:
     """`collect_node_evidence` on every node (Ray node id -> node name); a node that does not
     answer in time adds nothing (the rest of the round must not wait on it)."""
     task: Any = ray.remote(num_cpus=0)(collect_node_evidence)  # type: ignore[arg-type]
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
-            .remote(run_dir, stamp=stamp, node=name) for nid, name in nodes.items()]
-    out: list[str] = []
-    for ref in refs:
+    refs = {name or nid: task.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+        .remote(run_dir, stamp=stamp, node=name) for nid, name in nodes.items()}
+    out = NodeEvidence()
+    for name, ref in refs.items():
         try:
-            out.extend(ray.get(ref, timeout=timeout_s))
+            got = ray.get(ref, timeout=timeout_s)
         except Exception:  # noqa: BLE001 - a missing nvidia-smi dump is not fatal
             continue
+        out.paths.extend(got.get("paths") or [])
+        if got.get("gpus"):
+            out.gpus[name] = list(got["gpus"])
     return out
-

@@ -31,7 +31,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from orchestrator.health import HealthPolicy
 from orchestrator.lifecycle import ACTIVE_STATES, AttemptState, IllegalTransition, JobState, Reason
 from orchestrator.placement.gang_plan import Pending, PendingKind
-from orchestrator.runtime.controller import find_controller
+from orchestrator.runtime.controller import find_controller, recorded_controller_name
 from orchestrator.runtime.events import (
     NAMESPACE,
     Cancelled,
@@ -52,6 +52,7 @@ from orchestrator.runtime.events import (
     Usage,
     WatchdogError,
     WorkersReady,
+    is_spare_controller_name,
     parse_controller_name,
     parse_pg_name,
     pg_name,
@@ -85,8 +86,9 @@ def remove_pg(job_id: str, attempt: int) -> None:
         pass  # never created or already removed
 
 
-def kill_controller(job_id: str, attempt: int) -> None:
-    handle = find_controller(job_id, attempt)
+def kill_controller(job_id: str, attempt: int, name: str | None = None) -> None:
+    """Kills the attempt's controller (`name`: the one its placement records)."""
+    handle = find_controller(job_id, attempt, name)
     if handle is not None:
         with contextlib.suppress(ValueError, RayError):
             ray.kill(handle, no_restart=True)
@@ -115,6 +117,18 @@ class Poller:
         self._ranks_seen: dict[tuple[str, int], dict[int, tuple[Any, ...]]] = {}
         self._missing: dict[tuple[str, int], float] = {}
         self._conditions: dict[str, JobCondition | None] = {}  # job id -> open condition
+        self._names: dict[tuple[str, int], str] = {}  # attempt -> its controller's name
+
+    def _controller_name(self, job_id: str, n: int) -> str:
+        key = (job_id, n)
+        if key not in self._names:
+            self._names[key] = recorded_controller_name(self.store, job_id, n)
+        return self._names[key]
+
+    def _kill_controller(self, job_id: str, n: int) -> None:
+        """Kills the attempt's controller by the name its placement records, and forgets it."""
+        kill_controller(job_id, n, self._controller_name(job_id, n) if n else None)
+        self._names.pop((job_id, n), None)
 
     def tick(self) -> None:
         for job in self.store.active_jobs():
@@ -131,7 +145,7 @@ class Poller:
         if job.id in self.launching:
             return
         n = job.current_attempt
-        handle = find_controller(job.id, n) if n else None
+        handle = find_controller(job.id, n, self._controller_name(job.id, n)) if n else None
         if handle is None:
             # A name lookup can miss under load; only a miss that lasts is a lost controller.
             first = self._missing.setdefault((job.id, n), time.monotonic())
@@ -229,6 +243,7 @@ class Poller:
                 pending = Pending(PendingKind.PLACEMENT_TIMEOUT, message, waited_s=waited)
                 self.store.set_pending_reason(job_id, pending.to_dict())
             case Failed() as f:
+                self._recover_metrics(job_id, n)
                 groups = [g.to_dict() for g in f.groups]
                 if f.reason == Reason.PREFLIGHT_FAILED:
                     record_preflight(self.store, f.avoid_nodes, message=f.message,
@@ -342,7 +357,7 @@ class Poller:
     def _controller_lost(self, job: JobRecord) -> None:
         n = job.current_attempt
         log.warning("controller of %s attempt %d lost (job %s)", job.id, n, job.state)
-        kill_controller(job.id, n)
+        self._kill_controller(job.id, n)
         remove_pg(job.id, n)
         if job.state == JobState.CANCELLING:
             if n:
@@ -356,50 +371,63 @@ class Poller:
             self._move(job.id, JobState.QUEUED, Reason.CONTROLLER_LOST,
                        "the controller was lost before training started; placing again")
         elif job.state in ACTIVE_STATES:
-            self._recover_metrics(job)
+            self._recover_metrics(job.id, n)
             self._attempt_failed(job.id, n, reason=Reason.CONTROLLER_LOST,
                                  message="the attempt's controller is gone (its node or the "
                                  "control plane died while it ran)",
                                  data={"failed_nodes": [], "attempt": n})
 
-    def _recover_metrics(self, job: JobRecord) -> None:
-        """The rows the lost attempt's workers reported after the last poll (their files)."""
-        if self.runs_dir is None or not job.current_attempt:
+    def _recover_metrics(self, job_id: str, attempt: int) -> None:
+        """The rows a failed or lost attempt's workers kept in their files and no poll
+        fetched: reported after the last poll, or done since the last sync step."""
+        job = self.store.get_job(job_id)
+        if self.runs_dir is None or not attempt or job is None:
             return
         try:
-            ingest_attempt_files(self.store, job_id=job.id, attempt=job.current_attempt,
-                                 run_dir=self.runs_dir / job.id, world_size=job.world_size)
+            ingest_attempt_files(self.store, job_id=job_id, attempt=attempt,
+                                 run_dir=self.runs_dir / job_id, world_size=job.world_size)
         except Exception:  # noqa: BLE001 - recovering metrics must not block the restart
-            log.exception("recovering the metrics of %s attempt %d failed", job.id,
-                          job.current_attempt)
+            log.exception("recovering the metrics of %s attempt %d failed", job_id, attempt)
 
     def _cleanup(self, job_id: str, n: int) -> None:
-        kill_controller(job_id, n)
+        self._kill_controller(job_id, n)
         remove_pg(job_id, n)
         self._cancel_sent.pop((job_id, n), None)
         self._ranks_seen.pop((job_id, n), None)
         self._conditions.pop(job_id, None)
 
 
-def sweep_orphans(store: Store, *, launching: set[str] | frozenset[str] = frozenset()) -> int:
+def sweep_orphans(store: Store, *, launching: set[str] | frozenset[str] = frozenset(),
+                  spares: set[str] | frozenset[str] = frozenset()) -> int:
     """Removes controllers and placement groups of attempts that are no longer current and
-    active (left behind by a control plane that died between writing and cleaning up).
+    active (left behind by a control plane that died between writing and cleaning up), and
+    spare controllers (runtime/spares.py) that no live attempt records and that are not
+    among `spares` (the ones this control plane holds).
 
     Ray is listed before the database is read: an attempt is in the database before its
-    group and controller exist, so anything listed and not live in the newer read is stale.
+    group and controller exist (and records a spare's name before the spare adopts it), so
+    anything listed and not live in the newer read is stale.
     """
     from ray.util import placement_group_table
 
     actors = [(a["name"], a.get("namespace")) if isinstance(a, dict) else (a, NAMESPACE)
               for a in ray.util.list_named_actors(all_namespaces=True)]
     groups = [(p.get("name", ""), p.get("state")) for p in placement_group_table().values()]
-    live = {(j.id, j.current_attempt) for j in store.active_jobs()}
+    active = store.active_jobs()
+    live = {(j.id, j.current_attempt) for j in active}
+    recorded = {recorded_controller_name(store, j.id, j.current_attempt) for j in active}
     removed = 0
     for name, ns in actors:
+        if ns != NAMESPACE:
+            continue
         key = parse_controller_name(name)
-        if ns == NAMESPACE and key and key not in live and key[0] not in launching:
+        if key and key not in live and key[0] not in launching:
             log.warning("killing orphaned controller %s", name)
             kill_controller(*key)
+            removed += 1
+        elif is_spare_controller_name(name) and name not in recorded and name not in spares:
+            log.warning("killing orphaned spare controller %s", name)
+            kill_controller("", 0, name)
             removed += 1
     for name, state in groups:
         key = parse_pg_name(name)

@@ -43,12 +43,13 @@ from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
 from orchestrator.quotas import Quota, Usage, job_size, running_block
 from orchestrator.runtime.controller import launch_controller
-from orchestrator.runtime.events import AttemptConfig, pg_name
+from orchestrator.runtime.events import AttemptConfig, controller_name, pg_name
 from orchestrator.runtime.health import current_view
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.plan_memo import PlanMemo
 from orchestrator.runtime.policy import AttemptFailure, avoid_nodes, fail_infeasible
+from orchestrator.runtime.spares import SpareControllers
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
@@ -69,8 +70,10 @@ class Scheduler:
                  quota_for: Callable[[str], Quota] | None = None,
                  allow_fault_injection: bool = True, plan: PlanFn = plan_job,
                  packages_dir: Path | None = None, usage_interval_s: float = 10.0,
-                 health_policy: HealthPolicy | None = None) -> None:
+                 health_policy: HealthPolicy | None = None,
+                 spares: SpareControllers | None = None) -> None:
         self.store = store
+        self.spares = spares  # controllers started ahead of the launches (runtime/spares.py)
         self.health_policy = health_policy or HealthPolicy()
         self.usage_interval_s = usage_interval_s
         self._quota_for = quota_for or (lambda owner: Quota())
@@ -264,16 +267,30 @@ class Scheduler:
                 snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
         number = job.current_attempt + 1
         name = pg_name(job.id, number)
-        self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND,
-                              message=plan.summary, data={"attempt": number, "pg": name})
-        attempt = self.store.start_attempt(job.id, placement=dict(plan.to_dict(), pg_name=name))
-        assert attempt.number == number, (attempt.number, number)
-        placement_group(
-            [b.resources for b in plan.bundles],
-            bundle_label_selector=[{"ray.io/node-id": str(b.node_id)} for b in plan.bundles],
-            name=name, lifetime="detached")
-        config = replace(self._config(job, spec, plan, number, snap), package_uri=package_uri)
-        launch_controller(config, near_node_id=self.near_node_id)
+        spare = self.spares.take() if self.spares is not None else None
+        adopted = False
+        try:
+            self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND,
+                                  message=plan.summary, data={"attempt": number, "pg": name})
+            # The controller's name is recorded before it runs the attempt: a restarted
+            # control plane finds it by that name.
+            controller = spare[0] if spare is not None else controller_name(job.id, number)
+            attempt = self.store.start_attempt(job.id, placement=dict(
+                plan.to_dict(), pg_name=name, controller=controller))
+            assert attempt.number == number, (attempt.number, number)
+            placement_group(
+                [b.resources for b in plan.bundles],
+                bundle_label_selector=[{"ray.io/node-id": str(b.node_id)}
+                                       for b in plan.bundles],
+                name=name, lifetime="detached")
+            config = replace(self._config(job, spec, plan, number, snap),
+                             package_uri=package_uri)
+            launch_controller(config, near_node_id=self.near_node_id,
+                              spare=spare[1] if spare is not None else None)
+            adopted = True
+        finally:
+            if spare is not None and self.spares is not None:
+                self.spares.done(spare[0], adopted=adopted)
         log.info("job %s attempt %d: %s", job.id, number, plan.summary)
 
     def _config(self, job: JobRecord, spec: JobSpec, plan: GangPlan, number: int,
@@ -293,4 +310,5 @@ class Scheduler:
             run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,
             init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
             train_fn=self.train_fn, extra_env=self.extra_env, cluster=cluster,
-            use_pool=self.use_pool, usage_interval_s=self.usage_interval_s)
+            use_pool=self.use_pool, usage_interval_s=self.usage_interval_s,
+            link_figures=self._figures())

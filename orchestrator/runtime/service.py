@@ -10,8 +10,11 @@ GPU nodes: orchestrator/runtime/nodes.py) -> reconcile (reattach to live control
 threads. Stop order: threads, then Ray (only if this process started it). Controllers are
 detached: they keep training while the control plane is down and are picked up again.
 
-Warm pool (orchestrator/runtime/pool.py): `Runtime(warm_pool=N)`, or MESHYARD_WARM_POOL=N for
-`meshyard serve`, keeps N pre-started worker actors per CPU-only node for CPU jobs.
+Warm pool (orchestrator/runtime/pool.py), on by default: N pre-started worker actors per
+node (GPU nodes included; built-in and user-code jobs), N = `Settings.resolved_warm_pool`
+(MESHYARD_WARM_POOL; 2 on the embedded Ray, 1 per node on a Ray cluster) unless
+`Runtime(warm_pool=N)` says otherwise (0: every job starts cold). Filled at start, refilled
+after each job, drained at stop.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._common.utils import get_default_ray_temp_dir
 
 from orchestrator.placement.links import LinkFigures
 from orchestrator.planner.calibration.figures import load_figures
@@ -39,6 +43,7 @@ from orchestrator.runtime.poller import Poller, sweep_orphans
 from orchestrator.runtime.pool import ensure_pool, find_pool
 from orchestrator.runtime.sandbox import ConfinedStarter
 from orchestrator.runtime.scheduler import Scheduler
+from orchestrator.runtime.spares import SpareControllers
 from orchestrator.runtime.usage import sample_nodes
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
@@ -120,8 +125,13 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
                             "can read the data dir")
                 start()
                 return True
+            # Ray makes its temp dir after the confinement: a new entry beside the path to
+            # the data dir (/tmp/ray for a data dir under /tmp) would get no rule, so it is
+            # made, and opened, first.
+            ray_tmp = Path(get_default_ray_temp_dir())
+            ray_tmp.mkdir(parents=True, exist_ok=True)
             starter = ConfinedStarter(start, private=local.private_dir,
-                                      open_inside=local.open_inside).start()
+                                      open_inside=(*local.open_inside, ray_tmp)).start()
         how = starter.confinement
         (log.info if how.active else log.warning)("local Ray: %s", how.detail)
         return starter
@@ -170,9 +180,12 @@ class Runtime:
 
     def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.25,
                  train_fn: str | None = None, extra_env: dict[str, str] | None = None,
-                 warm_pool: int = 0, discovery: Mapping[str, Any] | None = None) -> None:
+                 warm_pool: int | None = None,
+                 discovery: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
-        self.warm_pool = warm_pool  # warm worker actors per CPU node (runtime/pool.py)
+        # Warm worker actors per node (runtime/pool.py); None: the settings' default.
+        self.warm_pool = settings.resolved_warm_pool if warm_pool is None else warm_pool
+        self._pool_cache: tuple[float, dict[str, Any] | None] = (0.0, None)
         self.store = store
         self.tick_s = tick_s
         self.train_fn = train_fn
@@ -183,6 +196,7 @@ class Runtime:
         self._last_sweep = 0.0
         self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
         self.scheduler: Scheduler | None = None
+        self.spares: SpareControllers | None = None
         self.poller = Poller(self.store, launching=self._launching,
                              health_policy=settings.health_policy(),
                              runs_dir=Path(settings.resolved_runs_dir).resolve())
@@ -208,8 +222,11 @@ class Runtime:
         runs.mkdir(parents=True, exist_ok=True)  # before Ray starts: it stays open to jobs
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
+        near = ray.get_runtime_context().get_node_id()
+        if self.settings.spare_controllers > 0:
+            self.spares = SpareControllers(self.settings.spare_controllers, near_node_id=near)
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, topology=self.topology.current,
-                                   near_node_id=ray.get_runtime_context().get_node_id(),
+                                   near_node_id=near, spares=self.spares,
                                    train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures, quota_for=self._quota_for,
@@ -218,7 +235,9 @@ class Runtime:
                                    usage_interval_s=self.settings.usage_interval_s,
                                    health_policy=self.settings.health_policy())
         if self.warm_pool > 0:
-            ensure_pool(self.warm_pool)
+            ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code)
+        else:
+            self._drain_pool()  # a pool left by an earlier start with the pool on
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
         # schedules and polls; a standby serves the API's reads and takes over when it dies.
         self.elector = self._make_elector()
@@ -244,6 +263,10 @@ class Runtime:
         for loop in self._loops:
             loop.stop()
         self._loops = []
+        if self.spares is not None and ray.is_initialized():
+            self.spares.close()
+        if self.warm_pool > 0 and ray.is_initialized():
+            self._drain_pool()
         if self.elector is not None:
             self.elector.stop()  # releases the lock: a standby takes over on its next retry
             self.elector = None
@@ -274,12 +297,17 @@ class Runtime:
                              runs_dir=Path(self.settings.resolved_runs_dir).resolve())
         self.register_nodes()
         self.poller.tick()
-        sweep_orphans(self.store, launching=self._launching)
+        sweep_orphans(self.store, launching=self._launching, spares=self._spare_names())
         self._last_sweep = time.monotonic()
+
+    def _spare_names(self) -> set[str]:
+        return self.spares.names() if self.spares is not None else set()
 
     def _schedule_pass(self) -> None:
         if self.scheduler is not None and self.is_leader and not self._elected.is_set():
             self.scheduler.tick()
+            if self.spares is not None:
+                self.spares.top_up()  # after the launches: they take spares first
 
     def _poll_pass(self) -> None:
         if not self.is_leader:
@@ -290,7 +318,7 @@ class Runtime:
         self.poller.tick()
         if time.monotonic() - self._last_sweep > _SWEEP_EVERY_S:
             self._last_sweep = time.monotonic()
-            sweep_orphans(self.store, launching=self._launching)
+            sweep_orphans(self.store, launching=self._launching, spares=self._spare_names())
             self.register_nodes()
 
     def _usage_pass(self) -> None:
@@ -303,9 +331,37 @@ class Runtime:
         register_nodes(self.store, self.topology)
 
     def poke(self) -> None:
-        """Runs the loops now (tests; a submit could call it to shave the tick)."""
+        """Runs the loops now: a submission through the API calls it, so the job is placed
+        without waiting for the scheduler's next tick."""
         for loop in self._loops:
             loop.poke()
+
+    def _drain_pool(self) -> None:
+        """Kills the pool's idle actors and stops its refilling (leased ones finish their
+        jobs first)."""
+        pool = find_pool()
+        if pool is None:
+            return
+        try:
+            ray.get(pool.drain.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a pool that cannot answer is gone or going
+            log.warning("warm pool did not drain", exc_info=True)
+
+    def pool_status(self, *, max_age_s: float = 2.0) -> dict[str, Any] | None:
+        """The warm pool's size and per-node idle / leased actors and idle memory (see
+        WorkerPool.status), at most `max_age_s` old; None when there is no pool."""
+        at, cached = self._pool_cache
+        if time.monotonic() - at < max_age_s:
+            return cached
+        status = None
+        if self.warm_pool > 0 and ray.is_initialized():
+            pool = find_pool()
+            try:
+                status = ray.get(pool.status.remote(), timeout=5) if pool is not None else None
+            except Exception:  # noqa: BLE001 - the page and /metrics show no pool then
+                status = None
+        self._pool_cache = (time.monotonic(), status)
+        return status
 
     def wait_for_pool(self, *, timeout_s: float = 120.0) -> dict[str, int]:
         """Blocks until the warm pool holds `warm_pool` ready actors on every CPU node."""
@@ -329,5 +385,5 @@ def _calibrated_figures(data_dir: Path) -> LinkFigures | None:
 
 
 def build_runtime(*, settings: Settings, store: Store) -> Runtime:
-    # MESHYARD_WARM_POOL (Settings.warm_pool): warm worker actors per CPU node, 0 = off.
-    return Runtime(settings, store, warm_pool=settings.warm_pool)
+    # MESHYARD_WARM_POOL (Settings.resolved_warm_pool): warm actors per CPU node, 0 = off.
+    return Runtime(settings, store)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from orchestrator.runtime.controller import find_controller
+from orchestrator.runtime.controller import find_controller, recorded_controller_name
 from orchestrator.runtime.events import Stacks
 from orchestrator.store.repo import Store
 from orchestrator.watchdog.stacks import group_stacks
@@ -26,7 +26,8 @@ def serve_stack_requests(store: Store) -> None:
         elif late:
             _failed(store, req.id, f"no answer within {DEADLINE_S:g} s")
         elif req.state == "pending" and \
-                (handle := find_controller(req.job_id, req.attempt)) is not None:
+                (handle := find_controller(req.job_id, req.attempt, recorded_controller_name(
+                    store, req.job_id, req.attempt))) is not None:
             handle.collect_stacks.remote(req.id)
             store.update_stack_request(req.id, state="collecting")
 

@@ -59,7 +59,8 @@ def application_name(name: str) -> str:
 
 def current_leader(engine: Engine, *, name: str = "scheduler") -> str | None:
     """Who holds the lock now: PostgreSQL, the holder session's application_name
-    (`meshyard-leader:<name>:<host>:<pid>`); SQLite, the unexpired lease's holder
+    (`meshyard-leader:<name>:<host>:<pid>`) in this database (another database on the same
+    server has its own lock of the same key); SQLite, the unexpired lease's holder
     (`<host>:<pid>:<nonce>`). None when nobody leads."""
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
@@ -67,7 +68,8 @@ def current_leader(engine: Engine, *, name: str = "scheduler") -> str | None:
             return conn.execute(text(
                 "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
                 "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid::bigint = :hi AND l.objid::bigint = :lo"),
+                "AND l.classid::bigint = :hi AND l.objid::bigint = :lo AND l.database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"),
                 {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF}).scalar()
         return conn.execute(select(LeaderLease.holder).where(
             LeaderLease.name == name, LeaderLease.expires_at >= time.time())).scalar()

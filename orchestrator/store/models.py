@@ -205,6 +205,11 @@ class Metric(Base):
     step_time_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     lr: Mapped[float | None] = mapped_column(Float)
+    # DDP gradient compression: bytes one rank handed to the gradient collectives this step,
+    # and dense fp32 payload / that (every DDP job reports them, 1.0 without a comm hook)
+    grad_comm_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    grad_compression_ratio: Mapped[float | None] = mapped_column(Float)
+    moe_aux_loss: Mapped[float | None] = mapped_column(Float)  # MoE load-balancing loss
     __table_args__ = (Index("ix_metrics_job_step", "job_id", "step"),)
 
 

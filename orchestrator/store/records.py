@@ -122,6 +122,9 @@ class MetricRecord:
     step_time_s: float | None
     tokens_per_s: float | None
     lr: float | None = None
+    grad_comm_bytes: int | None = None
+    grad_compression_ratio: float | None = None
+    moe_aux_loss: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from orchestrator.store.jobs import JobNotFound
 
 _RANK_FIELDS = ("node", "node_id", "gpu", "coords", "state", "step", "phase", "last_heartbeat",
                 "pid")
-_METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "lr")
+_METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "lr", "grad_comm_bytes",
+                  "grad_compression_ratio", "moe_aux_loss")
 
 
 def _attempt(a: m.Attempt) -> r.AttemptRecord:
@@ -169,9 +170,7 @@ class TelemetryOps(StoreBase):
             max(1, min(limit, 100_000)))
         with self._tx() as s:
             return [r.MetricRecord(job_id=x.job_id, attempt=x.attempt, rank=x.rank, step=x.step,
-                                   time=x.time, loss=x.loss, grad_norm=x.grad_norm,
-                                   step_time_s=x.step_time_s, tokens_per_s=x.tokens_per_s,
-                                   lr=x.lr)
+                                   time=x.time, **{k: getattr(x, k) for k in _METRIC_FIELDS})
                     for x in s.scalars(stmt)]
 
     # -- logs -----------------------------------------------------------------------------

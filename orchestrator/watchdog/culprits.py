@@ -50,7 +50,13 @@ def _rank_gpus(report: DiagnosisReport) -> dict[int, int | None]:
 def hardware_culprits(report: DiagnosisReport) -> tuple[tuple[str, int | None], ...]:
     """(node, GPU or None) the report's hardware evidence names, when it names one node:
     a COMM_WEDGED suspect backed by NCCL errors, or culprit ranks of a hang whose own logs
-    carry device / NIC errors. () when the evidence is not that specific."""
+    carry device / NIC errors; whatever the verdict, every GPU whose driver reports errors
+    that take it out of service (uncorrectable ECC, fatal Xids). () when the evidence is not
+    that specific."""
+    driver = tuple(_gpu_of(hw.name) for hw in report.suspect_hardware
+                   if hw.level.lower() == "gpu" and hw.driver_errors)
+    if driver:
+        return driver
     nodes, gpus = rank_nodes(report), _rank_gpus(report)
     if report.verdict is Verdict.COMM_WEDGED:
         named = suspect_nodes(report, nodes)
@@ -72,6 +78,12 @@ def hardware_culprits(report: DiagnosisReport) -> tuple[tuple[str, int | None], 
             one_gpu = {g for _, g in where}
             return ((str(node), next(iter(one_gpu)) if len(one_gpu) == 1 else None),)
     return ()
+
+
+def _gpu_of(name: str) -> tuple[str, int | None]:
+    """("n1", 3) of a GPU suspect's name "n1/GPU3"."""
+    node, _, index = name.rpartition("/GPU")
+    return (node, int(index)) if node and index.isdigit() else (name, None)
 
 
 def suspect_nodes(report: DiagnosisReport, rank_nodes: Mapping[int, str | None]) -> tuple[

@@ -9,8 +9,10 @@ own GPU and node first, since an IB completion error or a CUDA error is direct e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
-from orchestrator.watchdog.report import RankLocation, SuspectHardware
+from orchestrator.watchdog.report import DiagnosisReport, RankLocation, SuspectHardware
 
 
 def _levels(loc: RankLocation) -> list[tuple[str, str]]:
@@ -72,3 +74,32 @@ def suspect_hardware(*, stuck_groups: Sequence[Sequence[int]],
                 s.level == f.level and s.name == f.name for s in out))
             break
     return tuple(out)
+
+
+def with_driver_errors(report: DiagnosisReport, nodes: Mapping[str, Sequence[Mapping[str, Any]]],
+                       locations: Mapping[int, RankLocation]) -> DiagnosisReport:
+    """The report with the GPUs whose driver reports errors that take them out of service
+    (`nodes`: node name -> `gpu_errors.to_dicts` of its `nvidia-smi -q` and kernel log) named
+    first among the suspect hardware, and in the summary. GPUs of the job only: the index is
+    nvidia-smi's, which is the GPU id Ray and the topology use."""
+    found: list[SuspectHardware] = []
+    for node, gpus in sorted(nodes.items()):
+        for g in gpus:
+            reasons = tuple(str(x) for x in g.get("reasons") or ())
+            ranks = tuple(r for r, loc in sorted(locations.items())
+                          if loc.node == node and loc.gpu == g.get("index"))
+            if not reasons or not ranks:
+                continue
+            found.append(SuspectHardware(
+                level="gpu", name=f"{node}/GPU{g['index']}", ranks=ranks,
+                reason=f"driver reports: {'; '.join(reasons)}", driver_errors=reasons))
+    if not found:
+        return report
+    names = {(s.level, s.name) for s in found}
+    rest = tuple(s for s in report.suspect_hardware if (s.level, s.name) not in names)
+    said = "; ".join(f"{s.name} ({', '.join(s.driver_errors)})" for s in found)
+    return replace(report, suspect_hardware=(*found, *rest),
+                   summary=f"{report.summary} Driver errors: {said}.",
+                   recommendations=(f"Take {', '.join(s.name for s in found)} out of service "
+                                    "(meshyard cordons it) and reset or replace it.",
+                                    *report.recommendations))

@@ -43,10 +43,15 @@ from orchestrator.spec import Watchdog
 from orchestrator.watchdog import probe_files
 from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
 from orchestrator.watchdog.locate import rank_locations
+from orchestrator.watchdog.log_elastic import FailureSummary
 from orchestrator.watchdog.monitor import HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport
 
 TICK_S = 0.25
+# Several ranks found gone in one look, none of them with an exit of its own recorded (a
+# signal: gloo's abort, and torchrun's SIGTERM to the others right after): wait this long for
+# the launcher's failure summary, which names the first failure.
+ROOT_CAUSE_WAIT_S = 10.0
 ANSWER_S = 10.0
 GRACE_S = 5.0
 HANG_EXIT = 3
@@ -121,12 +126,15 @@ class LocalWatch:
         self._pids: dict[int, int] = {}
         self._gone: set[int] = set()
         self._rounds = 0
+        self._launcher_log: Path | None = None
+        self._unclear_since: float | None = None
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> int:
         for sub in ("probe", "fr", "logs", "nccl"):
             (self.out / sub).mkdir(parents=True, exist_ok=True)
-        log = (self.out / "logs" / "launcher.log").open("wb")
+        self._launcher_log = self.out / "logs" / "launcher.log"
+        log = self._launcher_log.open("wb")
         proc = subprocess.Popen(self.argv, env=launcher_env(os.environ, out=self.out),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -143,7 +151,8 @@ class LocalWatch:
                     break
                 time.sleep(TICK_S)
             else:
-                self._tick()  # ranks that ended in the last tick (a crash torchrun ended)
+                tee.join(timeout=5)  # the launcher's last lines (its failure summary)
+                self._tick(final=True)  # ranks that ended in the last tick (a crash torchrun ended)
         except KeyboardInterrupt:
             _stop(proc)
         finally:
@@ -152,8 +161,9 @@ class LocalWatch:
             log.close()
         return HANG_EXIT if ended_by_hang else int(proc.returncode or 0)
 
-    def _tick(self) -> bool:
-        """One look at the ranks; True when a hang was reported (the job should end)."""
+    def _tick(self, *, final: bool = False) -> bool:
+        """One look at the ranks; True when a hang was reported (the job should end).
+        `final`: the launcher has exited (nothing more will end or be printed)."""
         assert self._monitor is not None
         mon, now = self._monitor, self.clock()
         counts: dict[int, int] = {}
@@ -172,6 +182,15 @@ class LocalWatch:
         why = _exits({r: progress.get(r, {}) for r in self._gone})
         dead = _blame(why)
         live = [r for r in self._pids if r not in self._gone]
+        if len(dead) > 1 and all(w.startswith(_KILLED) for w in dead.values()):
+            first = self._root_cause()
+            if first is not None and first in dead:
+                dead = {first: dead[first]}
+            elif not final and not mon.reported:
+                if self._unclear_since is None:
+                    self._unclear_since = now
+                if now - self._unclear_since < ROOT_CAUSE_WAIT_S:
+                    return False  # the launcher may still say which rank failed first
         if not mon.reported and any(not w.startswith(_CLEAN) for w in why.values()):
             # A rank failed (or was killed). A clean exit alone is not news: the last ranks of
             # a finished job leave one by one; if the others then wait, the stall rule fires.
@@ -179,6 +198,8 @@ class LocalWatch:
                           f"ended while {len(live)} were still running")
             mon.mark_reported()
             return True
+        if not live and self._gone and all(w.startswith(_CLEAN) for w in why.values()):
+            return False  # every rank completed: the job is over, whatever the clock says
         due = mon.due(now)
         if due is not None and due.trigger == "stall":
             self.diagnose(trigger="stall", context=due.describe(), dead=dead)
@@ -190,6 +211,21 @@ class LocalWatch:
             if mon.keep_straggler(report):
                 self._publish(report)
         return False
+
+    def _root_cause(self) -> int | None:
+        """The rank torchrun's failure summary names as the first observed failure, once it
+        has printed one (launcher.log), else None."""
+        if self._launcher_log is None:
+            return None
+        try:
+            text = self._launcher_log.read_text(errors="replace")
+        except OSError:
+            return None
+        summary = FailureSummary()
+        events = [e for line in text.splitlines() for e in summary.feed(line)[1]]
+        roots = [int(f["rank"]) for _, f in [*events, *summary.flush()]
+                 if f.get("root_cause") and isinstance(f.get("rank"), int)]
+        return roots[-1] if roots else None
 
     def _progress(self) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}

@@ -123,17 +123,15 @@ class HangMonitor:
                 ranks: Mapping[int, Mapping[str, Any]] | None = None,
                 collectives: Mapping[int, int] | None = None) -> None:
         """One tick's drain: metrics rows (rank, step, step_time_s), per-rank updates
-        (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat) and
-        per-rank collective counts (user code)."""
+        (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat;
+        `step`: the step the rank is running, so the one before it is complete) and per-rank
+        collective counts (user code). Metrics rows arrive in batches at the loop's sync steps
+        (workers/stepsync.py); the heartbeat's step shows progress in between."""
         for row in metrics:
             r, step = row.get("rank"), row.get("step")
             if r is None or step is None:
                 continue
-            st = self._ranks.setdefault(int(r), _Rank())
-            if st.step is None or int(step) > st.step:
-                st.step, st.step_changed_s = int(step), now_s
-                self._reported_episode = False  # progress: a new stall is a new episode
-                self._probe_steps += 1
+            self._advance(int(r), int(step), now_s)
             t = row.get("step_time_s")
             if isinstance(t, int | float) and t >= 0:
                 self._step_times.append(float(t))
@@ -143,6 +141,9 @@ class HangMonitor:
             st = self._ranks.setdefault(int(r), _Rank())
             if hb is not None and hb != st.heartbeat:
                 st.heartbeat, st.heartbeat_s = hb, now_s
+            running = upd.get("step")
+            if hb is not None and isinstance(running, int) and running > 1:
+                self._advance(int(r), running - 1, now_s)
         for r, count in (collectives or {}).items():
             st = self._ranks.setdefault(int(r), _Rank())
             if st.collectives is None or count > st.collectives:
@@ -153,6 +154,13 @@ class HangMonitor:
                     self._reported_episode = False
                     self._probe_steps += 1
         del self._collective_gaps[:-self.policy.window]
+
+    def _advance(self, rank: int, completed: int, now_s: float) -> None:
+        st = self._ranks.setdefault(rank, _Rank())
+        if st.step is None or completed > st.step:
+            st.step, st.step_changed_s = completed, now_s
+            self._reported_episode = False  # progress: a new stall is a new episode
+            self._probe_steps += 1
 
     @property
     def progress(self) -> str:

@@ -186,22 +186,29 @@ class Mismatch:
 @dataclass(frozen=True)
 class SuspectHardware:
     """A piece of hardware the stuck groups share: level is gpu | node | nvlink_domain | a
-    topology label key (leaf, spine, ...)."""
+    topology label key (leaf, spine, ...). `driver_errors`: what the GPU's driver reports
+    that takes it out of service by itself (uncorrectable ECC, fatal Xids; gpu_errors.py)."""
 
     level: str
     name: str
     ranks: tuple[int, ...]
     reason: str
+    driver_errors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "name": self.name, "ranks": list(self.ranks),
-                "reason": self.reason}
+        out = {"level": self.level, "name": self.name, "ranks": list(self.ranks),
+               "reason": self.reason}
+        if self.driver_errors:
+            out["driver_errors"] = list(self.driver_errors)
+        return out
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> SuspectHardware:
         return SuspectHardware(level=str(d["level"]), name=str(d["name"]),
                                ranks=tuple(int(r) for r in d.get("ranks") or ()),
-                               reason=str(d.get("reason", "")))
+                               reason=str(d.get("reason", "")),
+                               driver_errors=tuple(str(x) for x in
+                                                   d.get("driver_errors") or ()))
 
 
 @dataclass(frozen=True)

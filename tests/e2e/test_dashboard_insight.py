@@ -50,11 +50,11 @@ def nodes(server: Server) -> list[str]:
 
 
 def running(server: Server, nodes: list[str], name: str, *, dp: int = 8, tp: int = 1,
-            step: int = 12) -> tuple[Any, int]:
+            step: int = 12, extra: dict[str, float] | None = None) -> tuple[Any, int]:
     job = submit(server.store, spec_doc(name, dp_replicate=dp, tp=tp, steps=100))
     walk(server.store, job.id, S.PLACING, S.STARTING, S.RUNNING)
     attempt = place(server.store, job, nodes, step=step)
-    add_training(server.store, job, attempt, steps=step, ranks=1)
+    add_training(server.store, job, attempt, steps=step, ranks=1, extra=extra)
     return job, attempt
 
 
@@ -234,6 +234,9 @@ def test_charts_readout_integer_steps_log_scale_wall_clock_lr_and_grad_norm(
     assert ticks and all(t.isdigit() for t in ticks), ticks  # 7 steps: no "1.5"
     for chart in ("#chart-lr", "#chart-grad", "#chart-tput"):
         assert page.locator(f"{chart} svg").get_attribute("data-points") == "7"
+    # A job without gradient compression or MoE shows no chart for them.
+    for fig in ("#fig-comm", "#fig-ratio", "#fig-aux"):
+        assert page.locator(fig).is_hidden()
     box = page.locator("#chart-loss svg .hit").bounding_box()
     assert box is not None
     page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
@@ -253,6 +256,21 @@ def test_charts_readout_integer_steps_log_scale_wall_clock_lr_and_grad_norm(
                          ".getBoundingClientRect().height")
     assert size >= 10, size
     shoot(page, artifacts_dir, "charts")
+    assert page.errors == []
+
+
+def test_compression_and_moe_charts_show_when_the_job_reports_them(
+        page: Any, server: Server, nodes: list[str]) -> None:
+    job, _ = running(server, nodes[2:3], "topk-moe", dp=2, step=6, extra={
+        "grad_comm_bytes": 69_000, "grad_compression_ratio": 49.9, "moe_aux_loss": 1.02})
+    page.goto(f"/jobs/{job.id}")
+    page.wait_for_function("() => Number(document.querySelector('#chart-comm svg')"
+                           "?.dataset.points) === 6")
+    for fig, chart in (("#fig-comm", "#chart-comm"), ("#fig-ratio", "#chart-ratio"),
+                       ("#fig-aux", "#chart-aux")):
+        assert page.locator(fig).is_visible()
+        assert page.locator(f"{chart} svg").get_attribute("data-points") == "6"
+    assert "67.4 KiB" in (page.locator("#chart-comm svg").text_content() or "")  # 69,000 B
     assert page.errors == []
 
 

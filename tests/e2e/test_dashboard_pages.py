@@ -132,6 +132,13 @@ def test_cluster_page_updates_live(page: Any, server: Server, nodes: list[str],
     add_node_usage(server.store, [nodes[3]])
     row.locator('[data-col="holders"]', has_text="arrives-live").wait_for(timeout=8000)
     assert "4 free / 4 used" in row.inner_text()
+    health = row.locator('[data-col="health"]')
+    assert health.inner_text().strip() == "healthy"
+    cordoned = bearer(server).post(f"/v1/nodes/{nodes[3]}/cordon",
+                                   json={"reason": "bad DIMM on GPU 2"})
+    assert cordoned.status_code == 200, cordoned.text
+    health.locator(".badge.health-cordoned").wait_for(timeout=8000)
+    assert "bad DIMM on GPU 2" in health.inner_text() and "until" in health.inner_text()
     row.locator('[data-col="cpu"]', has_text="%").wait_for(timeout=12_000)
     assert "2.0 TiB" in row.locator('[data-col="mem"]').inner_text()
     gpus = row.locator('[data-col="gpu-util"]')
@@ -153,8 +160,15 @@ def test_a_finished_job_drops_cancel_and_stops_its_heartbeat_clock(
     attempt = place(server.store, job, nodes[7:8], step=3)
     add_training(server.store, job, attempt, steps=3, ranks=1)
     page.goto(f"/jobs/{job.id}")
+    page.evaluate("window.__noReload = 1")
     page.locator("#cancel-btn").wait_for(state="visible")
     assert page.locator("#jump-diagnosis").is_hidden()  # no diagnosis, no link to one
+    # The goodput panel follows the job: a running job's wall time grows with each poll.
+    first_goodput = page.locator("#goodput-ratio").inner_text()
+    page.wait_for_function("(t) => document.getElementById('goodput-ratio').textContent "
+                           "!== t", arg=first_goodput, timeout=8000)
+    assert page.locator('#goodput-rows tr[data-bucket="productive"]').count() == 1
+    assert page.locator("#goodput-bar rect.gp").count() >= 1
     walk(server.store, job.id, S.SUCCEEDED)
     page.wait_for_function("() => document.getElementById('job-state').textContent "
                            "=== 'SUCCEEDED'")
@@ -165,6 +179,7 @@ def test_a_finished_job_drops_cancel_and_stops_its_heartbeat_clock(
     first = hb.inner_text()
     page.wait_for_timeout(2500)  # more than a poll: a running clock would have moved
     assert hb.inner_text() == first
+    assert page.evaluate("window.__noReload") == 1
     assert page.errors == []
 
 

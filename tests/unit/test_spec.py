@@ -71,8 +71,6 @@ INVALID = [
       "checkpoint": {"enabled": False}}, "parallelism.ep", "does not divide model.moe.experts"),
     ({"name": "x", "parallelism": {"ep": 2, "tp": 2}, "model": {"moe": {"experts": 4}},
       "checkpoint": {"enabled": False}}, "parallelism.ep", "with dp_shard (FSDP"),
-    ({"name": "x", "parallelism": {"ep": 2}, "model": {"moe": {"experts": 4}}},
-     "checkpoint.enabled", "set checkpoint.enabled: false"),
     ({"name": "x", "model": {"moe": {"experts": 2, "top_k": 3}}}, "model.moe.top_k",
      "exceeds experts"),
     ({"name": "x", "parallelism": {"cp": 2}, "resources": {"device": "cpu"}},

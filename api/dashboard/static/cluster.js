@@ -1,5 +1,5 @@
-// Cluster page, live: every 2 s the node table's GPU strips, holders and status follow
-// /cluster.json; the utilisation columns (CPU, memory, GPU, a 30-minute CPU trend) follow
+// Cluster page, live: every 2 s the node table's status, health (as cluster/_nodes.html's
+// health_col draws it), GPU strips and holders follow /cluster.json; the utilisation columns (CPU, memory, GPU, a 30-minute CPU trend) follow
 // /v1/cluster/usage. Cells are found by data-col, so columns without one stay as rendered.
 "use strict";
 
@@ -16,6 +16,7 @@
     // A node that joined since the page was rendered: the standard columns (reload for more).
     const tr = el("tr", { id: "node-" + n.name, dataset: { node: n.name } },
       el("td", {}, el("strong", {}, n.name)), el("td", { dataset: { col: "status" } }),
+      el("td", { class: "health", dataset: { col: "health" } }),
       el("td", {}, ...Object.entries(n.labels).map(([k, v]) => el("span", { class: "tag" }, k + "=" + v))),
       el("td", { class: "num" }, String(n.cpus)), el("td", { dataset: { col: "gpus" } }),
       el("td", { dataset: { col: "holders" } }), el("td", { class: "num", dataset: { col: "cpu" } }),
@@ -31,6 +32,20 @@
     for (const h of n.holders) {
       const who = h.job_id ? el("a", { href: "/jobs/" + encodeURIComponent(h.job_id) }, h.job_name) : h.job_name;
       td.appendChild(el("div", { class: "small holder" }, who, `: GPU ${h.gpus}` + (h.ranks ? ` · rank ${h.ranks}` : "")));
+    }
+  }
+
+  function drawHealth(td, h) {
+    clear(td);
+    const state = h ? h.state : "healthy";
+    td.appendChild(el("span", { class: "badge health-" + state }, state));
+    if (!h) return;
+    if (h.until) td.append(" ", el("span", { class: "small muted" }, h.until));
+    if (h.gpus) td.appendChild(el("div", { class: "small" }, `GPU ${h.gpus} cordoned`));
+    if (state !== "healthy" && h.reason) td.appendChild(el("div", { class: "small health-reason" }, h.reason));
+    for (const [jobId, diag] of h.diagnoses) {
+      td.append(el("a", { class: "small", href: "/jobs/" + encodeURIComponent(jobId) + "#diagnosis" },
+        "diagnosis " + diag), " ");
     }
   }
 
@@ -115,6 +130,7 @@
       const tr = document.getElementById("node-" + n.name) || newRow(n);
       tr.className = n.alive ? "" : "dead";
       cell(tr, "status").textContent = n.alive ? "alive" : "lost";
+      drawHealth(cell(tr, "health"), now.health[n.name]);
       drawGpus(cell(tr, "gpus"), n);
       drawHolders(cell(tr, "holders"), n);
       drawUsage(tr, n.name);

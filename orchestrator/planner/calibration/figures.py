@@ -10,8 +10,11 @@ The file (report.py has the full layout): {"version": 2, "levels": {...}, "links
   network  the InfiniBand figure (NDR and HDR) and net_alpha_us, for one leaf switch (a
            finest measurement higher up is brought down by the per-level factor)
   network_upper  upper_level_factor and hop_alpha_us (two or more network levels measured)
-so every estimate (`meshyard place`, the solver, the planner) uses measured numbers once a
-calibration is stored.
+  gloo     a calibration run with the gloo backend (CPU ranks) also sets the gloo figures the
+           pre-flight check expects: its ``pcie`` class (the host path) -> loopback, its
+           ``network`` class -> across hosts
+so every estimate (`meshyard place`, the solver, the planner, the pre-flight check) uses
+measured numbers once a calibration is stored.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def figures_from(doc: dict[str, Any] | None, base: LinkFigures | None = None) ->
         gbs, a = float(links["pcie"]["gbs"]), float(links["pcie"]["alpha_us"])
         gbs /= dict(f.pcie_factors).get(links["pcie"].get("kind") or "PIX", 1.0)
         f = replace(f, pcie4_x16_gbs=gbs, pcie5_x16_gbs=gbs, pcie_alpha_us=a)
+    if "gloo" in str((doc or {}).get("backend") or "").split("+"):
+        f = _gloo_figures(f, links)
     upper = (doc or {}).get("network_upper")
     if upper:
         f = replace(f, upper_level_factor=float(upper["upper_level_factor"]),
@@ -73,6 +78,17 @@ def figures_from(doc: dict[str, Any] | None, base: LinkFigures | None = None) ->
         gbs /= f.upper_level_factor ** above
         a = max(0.0, a - f.hop_alpha_us * above)
         f = replace(f, ib_ndr_gbs=gbs, ib_hdr_gbs=gbs, net_alpha_us=a)
+    return f
+
+
+def _gloo_figures(f: LinkFigures, links: dict[str, Any]) -> LinkFigures:
+    host = links.get("pcie")
+    if host is not None and host.get("kind") is None:  # CPU ranks, not a GPU's PCIe path
+        f = replace(f, gloo_loopback_gbs=float(host["gbs"]),
+                    gloo_loopback_alpha_us=float(host["alpha_us"]))
+    if "network" in links:
+        f = replace(f, gloo_net_gbs=float(links["network"]["gbs"]),
+                    gloo_net_alpha_us=float(links["network"]["alpha_us"]))
     return f
 
 

@@ -63,15 +63,22 @@ def test_telemetry_endpoints_return_what_the_control_plane_stored(env) -> None:
     now = time.time()
     store.add_metrics(job["id"], attempt.number, [
         {"rank": r, "step": s, "time": now + s, "loss": 5.0 - s} for s in (1, 2, 3) for r in (0, 1)])
+    # The compression and MoE metrics the loop reports on some layouts (here step 3 only).
+    store.add_metrics(job["id"], attempt.number, [
+        {"rank": 0, "step": 4, "time": now + 4, "loss": 1.0, "grad_comm_bytes": 69_000,
+         "grad_compression_ratio": 49.9, "moe_aux_loss": 1.03}])
     store.add_logs(job["id"], attempt.number, [{"rank": 0, "line": f"line {i}"} for i in range(5)])
     store.add_diagnosis(job["id"], attempt.number, verdict="STRAGGLER", culprit_ranks=[1],
                         summary="rank 1 is slow", report={"confidence": 0.9})
     base = f"/v1/jobs/{job['id']}"
 
     metrics = client.get(f"{base}/metrics", headers=auth).json()["items"]
-    assert len(metrics) == 6
+    assert len(metrics) == 7
     assert {"step", "loss", "rank", "time"} <= set(metrics[0])
-    assert metrics[-1]["step"] == 3 and abs(metrics[-1]["time"] - (now + 3)) < 1e-3
+    assert metrics[-2]["step"] == 3 and abs(metrics[-2]["time"] - (now + 3)) < 1e-3
+    assert (metrics[-2]["grad_comm_bytes"], metrics[-2]["moe_aux_loss"]) == (None, None)
+    assert (metrics[-1]["grad_comm_bytes"], metrics[-1]["grad_compression_ratio"],
+            metrics[-1]["moe_aux_loss"]) == (69_000, 49.9, 1.03)
     only = client.get(f"{base}/metrics", params={"rank": 1, "after_step": 1}, headers=auth)
     assert [(p["rank"], p["step"]) for p in only.json()["items"]] == [(1, 2), (1, 3)]
 
@@ -86,7 +93,7 @@ def test_telemetry_endpoints_return_what_the_control_plane_stored(env) -> None:
     assert diag[0]["verdict"] == "STRAGGLER" and diag[0]["culprit_ranks"] == [1]
 
     detail = client.get(base, headers=auth).json()
-    assert (detail["state"], detail["last_step"], detail["last_loss"]) == ("PLACING", 3, 2.0)
+    assert (detail["state"], detail["last_step"], detail["last_loss"]) == ("PLACING", 4, 1.0)
     events = client.get(f"{base}/events", headers=auth).json()["items"]
     assert [e["dst"] for e in events] == ["QUEUED", "PLACING"]
 

@@ -1,6 +1,8 @@
 """The plans `parallelism: auto` can choose run on the real workers: the top plans for a tiny
 GPT on a simulated 4-GPU NVSwitch node, each resolved to a spec, run 2 steps in one 4-rank
-torchrun launch on CPU (gloo). A plan the workers refuse fails the launch."""
+torchrun launch on CPU (gloo). A plan the workers refuse fails the launch. The same launch
+runs the planned MoE variant: its top plan and the best plan at each expert-parallel degree
+(ep = 1, 2, 4)."""
 
 from __future__ import annotations
 
@@ -43,9 +45,17 @@ def test_top_auto_plans_train_on_the_workers(tmp_path: Path) -> None:
     for has in (lambda c: c.pp > 1, lambda c: c.tp > 1, lambda c: c.virtual_stages > 1,
                 lambda c: c.activation_checkpointing, lambda c: c.zero_stage >= 2):
         assert any(has(p.config) for p in picks)
+    moe = parse_spec({**TINY, "name": "auto-moe", "model": {
+        **TINY["model"], "moe": {"experts": 4, "top_k": 2}}})
+    moe_req = request_from_spec(moe, cluster=cluster)
+    moe_all = plan(cluster, replace(moe_req, top_k=10_000, solve_top=0)).plans
+    moe_picks = [plan(cluster, moe_req).plans[0],
+                 *(next(p for p in moe_all if p.config.ep == ep) for ep in (1, 2, 4))]
+    assert {p.config.ep for p in moe_picks} == {1, 2, 4}
     paths = []
-    for i, p in enumerate(picks):
-        data = resolved_data(spec, p, global_batch=req.global_batch)
+    runs = [*((spec, req, p) for p in picks), *((moe, moe_req, p) for p in moe_picks)]
+    for i, (s, r, p) in enumerate(runs):
+        data = resolved_data(s, p, global_batch=r.global_batch)
         data["resources"] |= {"device": "cpu"}
         resolved = parse_spec(data)
         assert resolved.world_size == 4
@@ -53,7 +63,8 @@ def test_top_auto_plans_train_on_the_workers(tmp_path: Path) -> None:
         path.write_text(json.dumps(data))
         paths.append(path)
     out = torchrun(nproc=4, specs=paths, out=tmp_path / "run", timeout=380)
-    assert out.returncode == 0, (out.stderr[-4000:], [p.config.label() for p in picks])
+    assert out.returncode == 0, (out.stderr[-4000:],
+                                 [p.config.label() for p in (*picks, *moe_picks)])
     for path in paths:
         lines = (tmp_path / "run" / path.stem / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2, path.stem

@@ -110,7 +110,11 @@ def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
 def runtime(settings: Settings, store: Store) -> Iterator[Any]:
     from orchestrator.runtime.service import Runtime
 
-    rt = Runtime(settings, store, tick_s=0.2)
+    # Cold starts: filling the default pool (one actor and one prestarted rank process per
+    # node, each importing torch) for every test would cost ~8 torch imports a test; the
+    # pooled path has its own tests (test_warm_pool.py, the hang modules' warm_pool=3, and
+    # every `meshyard serve` test, which runs the default).
+    rt = Runtime(settings, store, tick_s=0.2, warm_pool=0)
     rt.start()
     try:
         yield rt

@@ -21,7 +21,19 @@ class Tiny(nn.Module):
         return self.head(self.emb(tokens))
 
 
-def build(vocab_size: int = 64, d: int = 16, expect_clean: bool = False) -> nn.Module:
+def build(vocab_size: int = 64, d: int = 16, expect_clean: bool = False,
+          record_dir: str | None = None) -> nn.Module:
+    if record_dir is not None:  # what this rank's process sees: its GPUs, its rank
+        import json
+
+        import ray
+
+        rank = os.environ["RANK"]
+        seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK",
+                                                "LOCAL_WORLD_SIZE", "WORLD_SIZE")}
+        seen["ray_gpu_ids"] = [int(g) for g in ray.get_gpu_ids()]
+        with open(os.path.join(record_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(seen, f)
     if expect_clean and (os.environ.get(MARK) or BUILDS["count"]):
         raise RuntimeError(f"state leaked from a previous job: env={os.environ.get(MARK)!r} "
                            f"builds={BUILDS['count']}")

@@ -8,7 +8,7 @@ import time
 import ray
 
 from orchestrator.lifecycle import JobState
-from orchestrator.runtime.controller import find_controller
+from orchestrator.runtime.controller import find_controller, recorded_controller_name
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_for, wait_state
 
 
@@ -29,7 +29,10 @@ def test_cancel_while_running_stops_workers_and_frees_the_gang(runtime, store):
     wait_for(store, job_id, lambda j: j.state == JobState.RUNNING and (j.last_step or 0) >= 2,
              what="RUNNING with steps")
     # The diagnostics side channel answers while the ranks train (hang watchdog contract).
-    ctrl = find_controller(job_id, store.get_job(job_id).current_attempt)
+    n = store.get_job(job_id).current_attempt
+    name = recorded_controller_name(store, job_id, n)  # a spare the attempt adopted
+    ctrl = find_controller(job_id, n, name)
+    assert ctrl is not None, name
     evidence = ray.get(ctrl.diagnostics.remote("t1"), timeout=60)
     assert sorted(evidence) == [0, 1]
     assert all(e["stacks"] and e["state"] == "running" for e in evidence.values())
@@ -42,7 +45,7 @@ def test_cancel_while_running_stops_workers_and_frees_the_gang(runtime, store):
     assert [e.dst for e in store.list_events(job_id) if e.kind == "state"][-2:] == \
         ["CANCELLING", "CANCELLED"]
     assert _pg_gone(job_id)
-    assert find_controller(job_id, job.current_attempt) is None
+    assert find_controller(job_id, n, name) is None
     assert store.list_attempts(job_id)[-1].state == "CANCELLED"
 
 
@@ -112,3 +115,34 @@ def test_infeasible_job_says_why_and_does_not_block_smaller_ones(runtime, store)
     for j in (big, waiting):
         store.request_cancel(j, viewer=None)
         wait_state(store, j, JobState.CANCELLED)
+
+
+def test_a_submission_and_a_cancel_through_the_api_act_before_the_next_tick(settings, store):
+    """With a 60 s tick, the scheduler places a job submitted through the API, and the
+    poller acts on a cancel sent through it, without waiting for the tick."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from orchestrator.runtime.service import Runtime
+
+    rt = Runtime(settings, store, tick_s=60, warm_pool=0)
+    store.ensure_admin("tick-admin-token")
+    auth = {"Authorization": "Bearer tick-admin-token"}
+    with TestClient(create_app(settings, store=store, runtime=rt),
+                    base_url="http://127.0.0.1:8470") as client:
+        time.sleep(1.0)  # the loops' first passes are done: the next tick is a minute away
+        r = client.post("/v1/jobs", json=tiny_spec(
+            "woken", resources={"cpus_per_worker": 8}, placement={"timeout_s": 120}),
+            headers=auth)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        wait_state(store, job_id, JobState.PLACING, timeout_s=15)
+        r = client.post(f"/v1/jobs/{job_id}/cancel", headers=auth)
+        assert r.status_code == 200, r.text
+        # The poke sends the cancel to the controller; its outcome is seen on a later pass.
+        deadline = time.monotonic() + 30
+        while store.get_job(job_id).state != JobState.CANCELLED:
+            assert time.monotonic() < deadline, store.get_job(job_id)
+            rt.poke()
+            time.sleep(0.5)
+    assert _pg_gone(job_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,11 @@ def test_a_hostile_job_finds_no_secret(tmp_path: Path) -> None:
     token = "msy_seeded-" + secrets.token_urlsafe(24)
     db_url = f"sqlite:///{data / 'meshyard.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MESHYARD_"))}
+    # Ray's temp dir does not exist yet (a fresh machine's /tmp/ray): Ray creates it beside
+    # the path to the data dir after the confinement, which must still let Ray write there.
+    ray_tmp = Path("/tmp") / f"meshyard-test-{secrets.token_hex(4)}"
     env.update(MESHYARD_ADMIN_TOKEN=token, MESHYARD_DATABASE_URL=db_url,
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_TMPDIR=str(ray_tmp))
     data.mkdir()
     # As left by an earlier first start (`admin.token`), next to the seeded token in the env.
     file_token = "msy_first-start-" + secrets.token_urlsafe(24)
@@ -67,6 +71,7 @@ def test_a_hostile_job_finds_no_secret(tmp_path: Path) -> None:
     finally:
         stop_serve(proc, timeout_s=60)
         log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
     # Nothing anywhere in what the job could gather holds either secret.
     for secret in (token, file_token, db_url):

@@ -6,7 +6,6 @@ curve has no gap and no step twice within an attempt."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -48,18 +47,20 @@ def _wait(client: MeshyardClient, job_id: str, pred: Any, timeout_s: float = 240
 
 
 def _file_steps(run: Path, attempt: int, rank: int) -> list[int]:
+    """The steps of a rank's metrics file, each once (a step's row is written when the step
+    is done and again at the loop's next sync; a line cut by the kill is skipped)."""
+    from orchestrator.runtime.metrics_files import read_rank_rows
+
     path = run / "logs" / f"attempt-{attempt}" / f"rank-{rank}.metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            continue  # a line cut by the kill
-    return out
+    return sorted(int(r["step"]) for r in read_rank_rows(path, rank=rank))
 
 
 def test_metrics_reported_after_the_last_poll_survive_sigkill(tmp_path: Path) -> None:
-    steps = 40
+    # Long enough that the ranks, which train on while the server is stopped and for a moment
+    # after it is killed, cannot finish the job before it restarts (with 40 steps they once
+    # did: the restarted attempt then had no step left to train). Rank 1 sleeps 0.15 s a
+    # step, so the 72 or more steps left after step 8 take over 10 s.
+    steps = 80
     spec = tiny_spec("no-gap", training={"steps": steps},
                      resources={"device": "cpu", "cpus_per_worker": 0.5},
                      checkpoint={"enabled": True, "every_steps": 5, "async_save": False},

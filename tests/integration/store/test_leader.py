@@ -141,6 +141,25 @@ def test_postgres_lock_dies_with_the_session(postgres_url: str) -> None:
         admin.dispose()
 
 
+def test_postgres_leaders_of_two_databases_on_one_server_are_apart(postgres_url: str) -> None:
+    """Two deployments sharing a PostgreSQL server, each in its own database: the same
+    advisory key, yet each database has its own leader and sees only its own."""
+    from tests.postgres import scratch_postgres_database
+
+    with scratch_postgres_database(postgres_url, prefix="meshyard_t_other_") as other_url:
+        upgrade_database(other_url)
+        here, there = LeaderLock(postgres_url, holder="a"), LeaderLock(other_url, holder="b")
+        other = create_engine(other_url, isolation_level="AUTOCOMMIT")
+        try:
+            assert here.try_acquire()
+            assert current_leader(other) is None
+            assert there.try_acquire(), "another database's leader must not block this one"
+        finally:
+            here.close()
+            there.close()
+            other.dispose()
+
+
 def test_elector_calls_back_on_election_loss_and_stop(url: str) -> None:
     events: list[str] = []
     lock_a = LeaderLock(url, lease_s=4, holder="a")

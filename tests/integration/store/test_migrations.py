@@ -27,7 +27,7 @@ def test_upgrade_is_idempotent(db_url: str) -> None:
     upgrade_database(db_url)
     engine = make_engine(db_url)
     try:
-        assert is_at_head(engine) and head_revision() == "0005"
+        assert is_at_head(engine) and head_revision() == "0006"
     finally:
         engine.dispose()
 
@@ -59,5 +59,47 @@ def test_roles_and_tokens_survive_the_upgrade_to_roles(db_url: str) -> None:
         root, ann = store.authenticate("tok-root"), store.authenticate("tok-ann")
         assert root is not None and root.role == Role.ADMIN
         assert ann is not None and ann.role == Role.USER
+    finally:
+        engine.dispose()
+
+
+def test_metrics_rows_survive_the_upgrade_to_the_compression_and_moe_columns(db_url: str
+                                                                              ) -> None:
+    """0006 adds grad_comm_bytes, grad_compression_ratio and moe_aux_loss to metrics: rows
+    written before it read back with the new fields null; new rows store them (bytes past
+    2**31 included); the downgrade drops the columns and keeps the rows."""
+    from alembic import command
+    from sqlalchemy import inspect, text
+
+    from orchestrator.spec import parse_spec
+    from orchestrator.store.db import alembic_config
+    from orchestrator.store.repo import Store
+
+    upgrade_database(db_url, revision="0005")
+    engine = make_engine(db_url)
+    try:
+        store = Store(engine)
+        job, _ = store.submit_job(parse_spec({"name": "m"}), owner="admin")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO metrics (job_id, attempt, rank, step, time, loss) "
+                              "VALUES (:j, 1, 0, 1, 1.0, 2.5)"), {"j": job.id})
+        upgrade_database(db_url)
+        store.add_metrics(job.id, 1, [{"rank": 0, "step": 2, "time": 2.0, "loss": 2.0,
+                                       "grad_comm_bytes": 3 << 31,
+                                       "grad_compression_ratio": 49.9,
+                                       "moe_aux_loss": 1.02}])
+        old, new = store.list_metrics(job.id)
+        assert (old.loss, old.grad_comm_bytes, old.grad_compression_ratio,
+                old.moe_aux_loss) == (2.5, None, None, None)
+        assert (new.grad_comm_bytes, new.grad_compression_ratio, new.moe_aux_loss) == (
+            3 << 31, 49.9, 1.02)
+        cfg = alembic_config(db_url)
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0005")
+        cols = {c["name"] for c in inspect(engine).get_columns("metrics")}
+        assert "moe_aux_loss" not in cols and "lr" in cols
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM metrics")).scalar() == 2
     finally:
         engine.dispose()

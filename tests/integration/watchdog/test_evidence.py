@@ -54,17 +54,35 @@ def test_announcement_round_trip(tmp_path: Path) -> None:
     assert evidence_files.read_announcement(tmp_path, 2) is None
 
 
-def test_node_evidence_runs_nvidia_smi_when_present(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def _stand_in(bin_dir: Path, name: str, script: str) -> None:
+    exe = bin_dir / name
+    exe.write_text(f"#!/bin/sh\n{script}\n")
+    exe.chmod(0o755)
+
+
+def test_node_evidence_runs_nvidia_smi_and_reads_the_kernel_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert collect_node_evidence(tmp_path, stamp="s") == []
-    # A stand-in binary (no GPU on this machine) checks the plumbing, not nvidia-smi itself.
+    assert collect_node_evidence(tmp_path, stamp="s") == {"paths": [], "gpus": []}
+    # Stand-in binaries (no GPU on this machine) print real-format dumps: this checks the
+    # plumbing and the parse on the node, not nvidia-smi itself.
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "nvidia_smi"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    exe = bin_dir / "nvidia-smi"
-    exe.write_text("#!/bin/sh\necho \"GPU 00000000:18:00.0 Xid $1\"\n")
-    exe.chmod(0o755)
+    smi = fixtures / "smi_q_h100_2gpu_dram_uncorrectable_row_pending.txt"
+    _stand_in(bin_dir, "nvidia-smi", f'[ "$1" = "-q" ] && /bin/cat {smi}')
+    _stand_in(bin_dir, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not "
+                                "permitted' >&2; exit 1")  # kernel.dmesg_restrict
+    _stand_in(bin_dir, "journalctl", f"/bin/cat {fixtures / 'dmesg_nvrm_xid_h100_node.txt'}")
     monkeypatch.setenv("PATH", str(bin_dir))
-    (path,) = collect_node_evidence(tmp_path, stamp="s", node="n0")
-    assert path.endswith("node-n0/nvidia-smi-q.txt")
-    assert Path(path).read_text().strip() == "GPU 00000000:18:00.0 Xid -q"
+    got = collect_node_evidence(tmp_path, stamp="s", node="n0")
+    smi_path, kernel_path = got["paths"]
+    assert smi_path.endswith("node-n0/nvidia-smi-q.txt")
+    assert Path(smi_path).read_text() == smi.read_text()
+    assert kernel_path.endswith("node-n0/kernel-xid.log")
+    assert all("NVRM: Xid" in ln for ln in Path(kernel_path).read_text().splitlines())
+    healthy, bad = got["gpus"]
+    assert healthy == {"index": 0, "bus_id": "00000000:18:00.0", "reasons": [],
+                       "other_xids": [13, 43]}
+    assert bad["index"] == 1 and "Xid 79: GPU has fallen off the bus" in bad["reasons"]
+    assert "2 uncorrectable ECC errors (volatile)" in bad["reasons"]

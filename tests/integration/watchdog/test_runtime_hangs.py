@@ -59,9 +59,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Store]]
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              namespace="meshyard", _node_ip_address="127.0.0.1")
     store = open_store(f"sqlite:///{tmp / 'meshyard.db'}")
-    # Warm worker actors (torch imported) cut ~15 s of start per job on a loaded host.
-    rt = Runtime(Settings(data_dir=tmp, allow_fault_injection=True), store, tick_s=0.2,
-                 warm_pool=3)
+    # Warm worker actors (torch imported) cut ~15 s of start per job on a loaded host; the
+    # jobs here run the built-in loop, so the actors keep no prestarted rank process.
+    rt = Runtime(Settings(data_dir=tmp, allow_fault_injection=True,
+                          warm_pool_user_code=False), store, tick_s=0.2, warm_pool=3)
     try:
         rt.start()
         yield rt, store
@@ -269,3 +270,19 @@ def test_restart_action_resumes_from_checkpoint(env) -> None:
     assert (d.attempt, d.verdict, d.culprit_ranks) == (1, "NOT_JOINED", [0])
     logs = [x.line for x in store.list_logs(job_id, rank=0, limit=5000)]
     assert any("resumed from checkpoint at step 2" in line for line in logs)
+
+
+def test_a_pool_without_user_code_keeps_no_prestarted_rank_process(env):
+    """warm_pool_user_code off: the pooled actors hold torch but no rank process of their
+    own (each would be another interpreter with torch imported)."""
+    import psutil
+    import ray
+
+    rt, _ = env
+    rt.wait_for_pool(timeout_s=300)
+    pids = [a["Pid"] for a in ray._private.state.actors(actor_state_name="ALIVE").values()
+            if "WorkerActor" in a["ActorClassName"]]
+    assert len(pids) >= 3, pids
+    children = [" ".join(c.cmdline()) for pid in pids
+                for c in psutil.Process(pid).children(recursive=True)]
+    assert not [c for c in children if "meshyard._prestart" in c], children

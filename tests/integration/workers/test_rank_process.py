@@ -131,3 +131,130 @@ def test_argv_and_sys_path_match_plain_python(tmp_path: Path, mode: str) -> None
     ours = subprocess.run([PY, "-m", "meshyard.runner", mode, target, "a", "--b"], cwd=tmp_path,
                           capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(ours.stdout) == json.loads(plain.stdout)
+
+
+SEES = textwrap.dedent("""
+    import json, os, sys
+    import meshyard.train as t
+    print("to stdout"); print("to stderr", file=sys.stderr)
+    out = {"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ),
+           "path0": sys.path[0], "code_on_path": os.environ["CODE"] in sys.path,
+           "stdin": sys.stdin.read(), "user_mod": "helper" in sys.modules,
+           "threads": __import__("torch").get_num_threads(), "main": __name__,
+           "cmdline": open("/proc/self/cmdline").read().split("\\0")}
+    import helper
+    out["helper"] = helper.VALUE
+    open(os.environ["OUT"], "w").write(json.dumps(out))
+    t.report({"loss": 0.5})
+    sys.exit(3)
+""")
+
+
+def test_a_prestarted_rank_runs_the_script_as_a_cold_start_would(tmp_path: Path) -> None:
+    """The pooled actor's prestarted process (meshyard/_prestart.py) becomes the same rank a
+    cold `python -m meshyard.runner` would: argv, cwd, exactly the rank's environment (none of
+    the one it was started with), sys.path, stdin, stdout / stderr in the rank's log files,
+    torch's threads, the report and the exit code."""
+    from workers.rankproc import PrestartedRank, RankProcess
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SEES)
+    (code / "helper.py").write_text("VALUE = 7\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
+    seen = {}
+    for how in ("cold", "prestarted"):
+        run = tmp_path / how
+        run.mkdir()
+        env = {**base, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(code), "CODE": str(code),
+               "OUT": str(run / "out.json"), "MESHYARD_REPORT_FILE": str(run / "report.jsonl"),
+               "OMP_NUM_THREADS": "1", "JOB_SECRET_OF_THIS_JOB": "s3"}
+        argv = [PY, "-m", "meshyard.runner", "script", "train.py", "--lr", "1"]
+        if how == "cold":
+            with open(run / "rank.stdout", "ab") as out, open(run / "rank.stderr", "ab") as err:
+                proc = subprocess.Popen(argv, env=env, cwd=code, stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=err, start_new_session=True)
+            rp = RankProcess.adopt(proc, argv, env=env, cwd=str(code))
+        else:
+            pre = PrestartedRank.spawn(python=PY, env={**base, "SPAWN_ONLY": "x"},
+                                       cwd=str(tmp_path))
+            assert pre.wait_ready()
+            assert not pre.fits([PY, "-u", *argv[1:]], env)  # interpreter options: cold
+            assert not pre.fits(argv, {**env, "PYTHONHASHSEED": "1"})  # start-up variable
+            pid = pre.pid
+            got = pre.hand(argv, env=env, cwd=str(code), stdout=run / "rank.stdout",
+                           stderr=run / "rank.stderr")
+            assert got is not None and got.pid == pid
+            rp = got
+        assert rp.wait(120) == 3
+        seen[how] = json.loads((run / "out.json").read_text())
+        assert (run / "rank.stdout").read_text() == "to stdout\n"
+        assert (run / "rank.stderr").read_text() == "to stderr\n"
+        recs = [json.loads(x) for x in (run / "report.jsonl").read_text().splitlines()]
+        assert [(r["kind"], r["step"], r["metrics"]) for r in recs] == [("report", 1,
+                                                                          {"loss": 0.5})]
+    cold, warm = seen["cold"], seen["prestarted"]
+    assert "SPAWN_ONLY" not in warm["env"]
+    for key in ("OUT", "MESHYARD_REPORT_FILE"):
+        cold["env"].pop(key), warm["env"].pop(key)
+    assert warm["env"] == cold["env"]
+    assert warm["cmdline"][:3] == [PY, "-m", "meshyard._prestart"]  # it was the warm path
+    for k in ("argv", "cwd", "path0", "code_on_path", "stdin", "user_mod", "threads", "main",
+              "helper"):
+        assert warm[k] == cold[k], k
+    assert cold["threads"] == 1 and cold["argv"] == ["train.py", "--lr", "1"]
+
+
+def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
+        tmp_path: Path) -> None:
+    """A rank process's end kills every descendant of the actor (what a script left running),
+    but not the prestarted process waiting for the next rank: the pre-flight check's process
+    ends before the user's rank is handed to it."""
+    from workers.rankproc import PrestartedRank, RankProcess
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
+    pre = PrestartedRank.spawn(python=PY, env=base, cwd=str(tmp_path))
+    try:
+        assert pre.wait_ready()
+        other = RankProcess([PY, "-c", "import subprocess, sys, time; subprocess.Popen("
+                             "[sys.executable, '-c', 'import time; time.sleep(60)']); "
+                             "time.sleep(60)"], env=base, cwd=str(tmp_path)).start()
+        time.sleep(0.5)
+        left = [p for p in _children_of(os.getpid()) if p not in (pre.pid, other.pid)]
+        other.kill_tree()
+        assert other.poll() is not None and pre.pid is not None and alive(pre.pid)
+        assert [p for p in left if alive(p)] == []  # the other's own child did not survive
+        out = tmp_path / "out"
+        out.mkdir()
+        env = {**base, "PYTHONUNBUFFERED": "1", "MESHYARD_REPORT_FILE": str(out / "r.jsonl")}
+        (tmp_path / "t.py").write_text("print('ran')\n")
+        rank = pre.hand([PY, "-m", "meshyard.runner", "script", "t.py"], env=env,
+                        cwd=str(tmp_path), stdout=out / "o", stderr=out / "e")
+        assert rank is not None and rank.wait(60) == 0
+        assert (out / "o").read_text() == "ran\n"
+    finally:
+        pre.close()
+
+
+def test_a_prestarted_rank_that_died_on_its_own_is_spared_no_more(tmp_path: Path) -> None:
+    """Once a waiting prestarted process has ended by itself, its pid is free for any other
+    process (a script's child): a rank's end must not spare that one."""
+    from workers.rankproc import PrestartedRank, _spared
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
+    pre = PrestartedRank.spawn(python=PY, env=base, cwd=str(tmp_path))
+    try:
+        assert pre.pid is not None and pre.pid in _spared()
+        os.kill(pre.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pre.pid in _spared():
+            assert time.monotonic() < deadline, "a dead prestarted process is still spared"
+            time.sleep(0.05)
+    finally:
+        pre.close()
+
+
+def _children_of(pid: int) -> list[int]:
+    from workers.rankproc import descendants
+
+    return sorted(descendants(pid))

@@ -97,11 +97,12 @@ def place(store: Store, job: JobRecord, nodes: list[str], *, gpus_per_node: int 
 
 
 def add_training(store: Store, job: JobRecord, attempt: int, *, steps: int,
-                 ranks: int = 2) -> None:
+                 ranks: int = 2, extra: dict[str, float] | None = None) -> None:
+    """`steps` steps of metrics per rank; `extra`: more metrics, the same every step."""
     t0 = time.time() - steps
     rows = [{"rank": r, "step": s, "time": t0 + s, "loss": 5.0 * 0.97 ** s + 0.01 * r,
              "grad_norm": 1.0 / s, "step_time_s": 0.5, "tokens_per_s": 1000.0 + 10 * s,
-             "lr": 3e-3}
+             "lr": 3e-3, **(extra or {})}
             for s in range(1, steps + 1) for r in range(ranks)]
     store.add_metrics(job.id, attempt, rows)
     store.add_logs(job.id, attempt, [{"rank": r, "stream": "stdout",

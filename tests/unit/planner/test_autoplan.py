@@ -122,9 +122,3 @@ def test_spec_auto_forms_and_conflicts() -> None:
     with pytest.raises(SpecValidationError):
         parse_spec({"name": "a", "parallelism": "manual"})
 
-
-def test_auto_refuses_moe_models_and_names_the_degrees_to_set() -> None:
-    spec = parse_spec({"name": "moe", "parallelism": "auto",
-                       "model": {"moe": {"experts": 4}}, "checkpoint": {"enabled": False}})
-    with pytest.raises(PlanningError, match="set ep and dp_shard by hand"):
-        resolve_auto(spec, cluster=cluster())

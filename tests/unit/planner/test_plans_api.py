@@ -142,3 +142,27 @@ def test_dashboard_job_page_shows_the_plan(env) -> None:
     assert page.status_code == 200
     assert 'id="plan"' in page.text and label["label"] in page.text
     assert 'id="plan"' not in client.get(f"/jobs/{plain}").text
+
+
+def test_moe_plans_search_expert_parallel_over_the_api(env) -> None:
+    client, _, auth, _ = env
+    moe = {"n_layers": 16, "d_model": 2048, "n_heads": 16, "vocab_size": 32000,
+           "seq_len": 2048, "experts": 8, "top_k": 2}
+    r = client.post("/v1/plans", json={"model": moe, "global_batch": 16, "gpus": 8},
+                    headers=auth)
+    assert r.status_code == 200, r.text
+    res = r.json()["result"]
+    top = res["plans"][0]["config"]
+    assert top["ep"] > 1 and 8 % top["ep"] == 0
+    assert any(n.startswith(f"ep={top['ep']} (expert parallel) chosen") for n in res["notes"])
+    for bad, msg in (({**moe, "experts": 1}, "not a mixture"), ({**moe, "top_k": 9}, "top_k")):
+        r = client.post("/v1/plans", json={"model": bad, "global_batch": 16}, headers=auth)
+        assert r.status_code == 422 and msg in r.text, r.text
+    # `parallelism: auto` on a MoE spec resolves at submit, ep included
+    spec = {**AUTO_SPEC, "name": "auto-moe", "model": {**AUTO_SPEC["model"],
+                                                        "moe": {"experts": 4}}}
+    sub = client.post("/v1/jobs", json=spec, headers=auth)
+    assert sub.status_code == 201, sub.text
+    par = client.get(f"/v1/jobs/{sub.json()['id']}", headers=auth).json()["spec"]["parallelism"]
+    assert par["auto"] is False and 4 % par["ep"] == 0
+    assert par["dp_shard"] * par["dp_replicate"] * par["ep"] == 16

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import doctest
 import pickle
 
 from orchestrator.lifecycle import Reason
 from orchestrator.placement.gang_plan import Bundle
+from orchestrator.runtime import events as events_mod
 from orchestrator.runtime.events import (
     AttemptConfig,
     ControllerEvent,
@@ -13,10 +15,13 @@ from orchestrator.runtime.events import (
     EventKind,
     Failed,
     Metrics,
+    attempt_controller_name,
     controller_name,
+    is_spare_controller_name,
     parse_controller_name,
     parse_pg_name,
     pg_name,
+    spare_controller_name,
 )
 from orchestrator.runtime.failures import FailureGroup
 from orchestrator.spec import WatchdogAction, parse_spec
@@ -32,6 +37,21 @@ def test_names_and_parsers_round_trip() -> None:
     assert parse_pg_name("meshyard-pg-j-x") is None
     assert parse_pg_name("meshyard-pg--3") is None
     assert parse_controller_name("meshyard-pool") is None
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(events_mod).failed == 0
+
+
+def test_spare_names_are_no_attempt_names_and_an_attempt_records_which_it_has() -> None:
+    spare = spare_controller_name("a1b2c3")
+    assert is_spare_controller_name(spare) and parse_controller_name(spare) is None
+    assert parse_pg_name(spare) is None
+    assert not is_spare_controller_name(controller_name("spare", 1))
+    assert not is_spare_controller_name("meshyard-spare-")
+    assert attempt_controller_name("j1", 3, {"controller": spare, "bundles": []}) == spare
+    for placement in (None, {}, {"controller": ""}, {"controller": 7}):
+        assert attempt_controller_name("j1", 3, placement) == controller_name("j1", 3)
 
 
 def test_attempt_config_pickles_with_its_typed_spec_and_topology() -> None:

@@ -146,3 +146,19 @@ def test_announced_op_ids_become_collective_seqs() -> None:
                                                        "seq": None, "source": "announce"}})
     assert sums[0]["pending"][0]["seq"] == 5 and anns[1]["seq"] == 5
     assert live["pending"][0]["seq"] is None  # inputs are not modified
+
+
+def test_heartbeat_steps_are_progress_between_batched_metrics_rows() -> None:
+    m = _mon(stall_timeout_s=3, action="fail")
+    _steps(m, 1.0, 1)
+    # No metrics rows for a while (the loop syncs every few steps), but every heartbeat
+    # names a later running step: the steps before it are complete, so no stall.
+    for i, now in enumerate((3.0, 5.0, 7.0, 9.0)):
+        m.observe(now_s=now, ranks={r: {"last_heartbeat": now, "step": 3 + i}
+                                    for r in range(2)})
+        assert m.due(now + 0.5) is None
+    # Heartbeats still coming, the running step stuck (a hang inside step 6): a stall.
+    for now in (10.0, 11.0, 12.0, 13.0):
+        m.observe(now_s=now, ranks={r: {"last_heartbeat": now, "step": 6} for r in range(2)})
+    due = m.due(13.5)
+    assert due is not None and due.trigger == "stall"

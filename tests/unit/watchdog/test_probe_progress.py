@@ -5,8 +5,11 @@ watcher's command-line and exit helpers; the user's frame on a stack."""
 from __future__ import annotations
 
 import json
+import os
 import runpy
 from pathlib import Path
+
+import pytest
 
 from meshyard import _frames
 from orchestrator.spec import Watchdog
@@ -123,3 +126,81 @@ def test_user_frame_skips_library_frames(tmp_path: Path) -> None:
         "default=lambda o: seen.append(sys._getframe(1)))`")
     assert not _frames.is_user_file(json.__file__)
     assert not _frames.is_user_file(_frames.__file__)
+
+
+def test_a_stall_after_every_rank_exited_cleanly_is_the_end_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last ranks of a finished job can take longer than the stall threshold to tear down;
+    once every rank has exited 0, the stall rule does not fire."""
+    from orchestrator.watchdog import local_watch
+    from orchestrator.watchdog.local_watch import LocalWatch
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)  # rank 1's probe below never answers
+
+    now = [0.0]
+    watch = LocalWatch(["true"], out=tmp_path, policy=Watchdog(stall_timeout_s=3),
+                       clock=lambda: now[0])
+    watch._monitor = HangMonitor.from_spec(watch.policy, world_size=2, now_s=0.0)
+    (tmp_path / "probe").mkdir()
+    dead_pid = 2**22 + 12345  # above the default pid_max: no such process
+    for r in (0, 1):
+        probe_files.progress_path(tmp_path / "probe", r).write_text(json.dumps(
+            {"pid": dead_pid, "collectives": {"0": {"enqueued": 5, "completed": 5}},
+             "exited": {"error": None}}))
+    assert watch._tick() is False
+    now[0] = 60.0  # far past the stall threshold, nobody advanced
+    assert watch._tick() is False and watch.reports == []
+    probe_files.progress_path(tmp_path / "probe", 1).write_text(json.dumps(
+        {"pid": os.getpid(), "collectives": {"0": {"enqueued": 5, "completed": 5}}}))
+    watch._gone.discard(1)
+    now[0] = 120.0  # rank 1 still runs and waits on rank 0, which left: that is a hang
+    assert watch._tick() is True and len(watch.reports) == 1
+
+
+def test_ranks_killed_together_wait_for_the_launchers_first_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo aborts rank 0 (SIGABRT) and torchrun kills rank 1 right after: seen gone in one
+    look, neither with an exit of its own. The watch waits for torchrun's failure summary and
+    names the rank it calls the root cause; with no summary it names both, in time."""
+    from orchestrator.watchdog import local_watch
+    from orchestrator.watchdog.local_watch import ROOT_CAUSE_WAIT_S, LocalWatch
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
+    now = [0.0]
+
+    def watch_with_dead_ranks(out: Path) -> LocalWatch:
+        w = LocalWatch(["true"], out=out, policy=Watchdog(stall_timeout_s=3),
+                       clock=lambda: now[0])
+        w._monitor = HangMonitor.from_spec(w.policy, world_size=2, now_s=0.0)
+        (out / "probe").mkdir(parents=True)
+        (out / "logs").mkdir()
+        w._launcher_log = out / "logs" / "launcher.log"
+        w._launcher_log.write_text("[rank1]: RuntimeError: Connection reset by peer\n")
+        for r in (0, 1):
+            probe_files.progress_path(out / "probe", r).write_text(json.dumps(
+                {"pid": 2**22 + 12345 + r, "collectives": {"0": {"enqueued": 4,
+                                                                 "completed": 3}}}))
+        return w
+
+    w = watch_with_dead_ranks(tmp_path / "a")
+    assert w._tick() is False and w.reports == []  # no summary yet: wait
+    assert w._launcher_log is not None
+    w._launcher_log.write_text(w._launcher_log.read_text() + (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        + "=" * 60 + "\ntrain.py FAILED\n" + "-" * 60 + "\nFailures:\n[1]:\n"
+        "  time      : 2026-12-01_20:51:00\n  host      : vm\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -15 (pid: 2)\n  error_file: <N/A>\n"
+        "  traceback : Signal 15 (SIGTERM) received by PID 2\n" + "-" * 60 + "\n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-01_20:51:00\n"
+        "  host      : vm\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1)\n"
+        "  error_file: <N/A>\n  traceback : Signal 6 (SIGABRT) received by PID 1\n"
+        + "=" * 60 + "\n"))
+    now[0] = 0.5
+    assert w._tick() is True
+    assert [list(r.culprit_ranks) for r in w.reports] == [[0]]
+
+    now[0] = 0.0
+    w = watch_with_dead_ranks(tmp_path / "b")
+    assert w._tick() is False
+    now[0] = ROOT_CAUSE_WAIT_S + 1  # the launcher never said: both are named
+    assert w._tick() is True and sorted(w.reports[0].culprit_ranks) == [0, 1]

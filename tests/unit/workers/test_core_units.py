@@ -273,3 +273,45 @@ def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
     assert node["mem_total_bytes"] > node["mem_used_bytes"] > 0
     cpu_only = ProcessSampler(gpu_index=None, min_interval_s=0).sample()
     assert cpu_only is not None and cpu_only["gpu_util"] is None
+
+
+def _moe_router_grads(coef: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One LocalStepRunner step of a tiny MoE GPT: (the first layer's router grad, the last
+    layer's expert grads, reported loss)."""
+    from workers.moe import moe_layers
+    from workers.runner import Batch, LocalStepRunner
+
+    spec = parse_spec({**TINY, "parallelism": {}, "model": {
+        **TINY["model"], "moe": {"experts": 4, "top_k": 2, "aux_loss_coef": coef}}})
+    module = build_model(spec, seed=0).module
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 32, (2, 9), generator=g)
+    runner = LocalStepRunner(module)
+    loss = runner.train_step([Batch(tokens[:, :-1], tokens[:, 1:])], step=1,
+                             progress=Progress())
+    first, last = moe_layers(module)[0], moe_layers(module)[-1]
+    assert first.router.weight.grad is not None and last.experts.w_up.grad is not None
+    return first.router.weight.grad.clone(), last.experts.w_up.grad.clone(), float(loss)
+
+
+def test_moe_aux_loss_is_trained_on_with_its_coefficient() -> None:
+    r0, e0, loss0 = _moe_router_grads(0.0)
+    r1, e1, loss1 = _moe_router_grads(0.01)
+    r10, _, _ = _moe_router_grads(0.1)
+    # The reported loss is the language-model loss whatever the coefficient.
+    assert loss0 == loss1
+    # The term reaches the router (through the mean router probabilities), linearly in the
+    # coefficient; the last layer's experts sit downstream of no router term, so their
+    # gradients are the language-model ones.
+    assert (r1 - r0).abs().max() > 1e-6
+    torch.testing.assert_close(r10 - r0, 10 * (r1 - r0), rtol=1e-2,
+                               atol=1e-3 * float((r1 - r0).abs().max()))
+    torch.testing.assert_close(e1, e0)
+
+
+def test_moe_aux_loss_coef_is_bounded() -> None:
+    assert parse_spec({"name": "x", "model": {"moe": {"experts": 4}}}
+                      ).model.moe.aux_loss_coef == 0.01
+    for bad in (-0.1, 2.0):
+        with pytest.raises(ValueError, match="aux_loss_coef"):
+            parse_spec({"name": "x", "model": {"moe": {"experts": 4, "aux_loss_coef": bad}}})

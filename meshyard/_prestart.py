@@ -1,0 +1,90 @@
+"""`python -m meshyard._prestart`: a rank process started before its job (the warm pool).
+
+A pooled worker actor starts one of these while it waits for a job (workers/rankproc.py,
+`PrestartedRank`). It imports torch, torch.distributed, torch._dynamo (which wrapping a model
+in DDP or FSDP imports: seconds of a cold script's first step) and the runner, then blocks
+reading one request from stdin::
+
+    {"args": ["script", "train.py", "--lr", "1"],   # meshyard.runner's arguments
+     "env": {...}, "cwd": "/code", "stdout": "/run/.../rank-0.stdout", "stderr": "..."}
+
+and becomes that rank, as `python -m meshyard.runner ARGS` started cold in `cwd` with `env`
+would be: stdin from /dev/null, stdout / stderr appended to the rank's log files, the whole
+environment replaced by `env` (nothing of the one it was started with is left: that one is the
+worker's allowlisted environment, which holds no secret either), `sys.path` rebuilt from `cwd`
+and env's PYTHONPATH as interpreter start-up builds it, torch's thread count from
+OMP_NUM_THREADS (libgomp read the variable when torch was imported), then `runner.main`. A
+process serves one rank only: it ran no job before, and no job runs in it after.
+
+What a cold start does and this one cannot is decided before the request (the actor then
+starts the rank cold): interpreter options (`python -u ...`), PYTHON* variables other than
+PYTHONPATH / PYTHONUNBUFFERED, a different LD_PRELOAD / LD_LIBRARY_PATH, a sitecustomize or
+usercustomize module on the new PYTHONPATH. No CUDA call is made before the request, so an
+idle process holds no GPU memory and CUDA_VISIBLE_DEVICES from `env` decides its devices.
+
+Like the runner, it imports nothing of meshyard's control plane (user packages named `api`,
+`workers` or `orchestrator` import as the user's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+READY = b"ready\n"
+
+
+def _startup_path(cwd: str, pythonpath: str | None, *, base: list[str]) -> list[str]:
+    """sys.path as `python -m` started in `cwd` with PYTHONPATH would have it."""
+    extra = [p for p in (pythonpath or "").split(os.pathsep) if p]
+    return [cwd, *extra, *[p for p in base if p not in extra]]
+
+
+def _serve(stdin: int = 0) -> int:
+    from meshyard import runner
+
+    runner._die_with_parent()  # MESHYARD_PARENT_PID: the worker actor that started this
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP / FSDP construction and optimizers import it: ~2 s
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    from meshyard import _probe, parallel, train  # noqa: F401
+
+    spawned = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base = [p for p in sys.path[1:] if p not in spawned]
+    # stdout is a pipe to the actor until the request (closed when the actor handed the
+    # request without waiting for this line)
+    with contextlib.suppress(OSError):
+        os.write(1, READY)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(stdin, 1 << 20)
+        if not chunk:
+            return 0  # the actor closed the pipe: retired without a rank
+        data += chunk
+    req = json.loads(data)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd, key in ((1, "stdout"), (2, "stderr")):
+        target = os.open(req[key], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.path[:] = _startup_path(os.getcwd(), os.environ.get("PYTHONPATH"), base=base)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    sys.argv = [runner.__file__, *req["args"]]
+    return runner.main(list(req["args"]))
+
+
+if __name__ == "__main__":
+    code = _serve()
+    sys.stdout.flush()
+    sys.exit(code)

@@ -1,0 +1,92 @@
+"""Spare controllers: attempt controllers started before an attempt needs one.
+
+Starting a controller is a new Ray worker process (Python, Ray and the controller's modules:
+about half a second here); a spare has done that already, so the scheduler's launch is one
+`adopt(config)` call. The scheduler takes a spare for each launch and the runtime keeps
+`size` of them (scheduler loop, `top_up`), next to the control plane like any controller.
+
+A spare is a detached actor named `events.spare_controller_name(token)`; adopted, it keeps
+that name, and the attempt's placement records it (`placement["controller"]`) before the
+spare is told its attempt, so a restarted control plane finds it as it finds any controller.
+The orphan sweep (poller.py) kills a spare that is neither recorded by a live attempt nor
+held here: the spares of a control plane that died. `close()` kills the ones held here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from typing import Any
+
+import ray
+
+from orchestrator.runtime.controller import RemoteController, controller_options
+from orchestrator.runtime.events import spare_controller_name
+
+
+class SpareControllers:
+    """`size` spare controllers next to `near_node_id`. Thread-safe: the scheduler takes
+    them, the sweep reads `names()`."""
+
+    def __init__(self, size: int, *, near_node_id: str | None) -> None:
+        self.size = size
+        self.near_node_id = near_node_id
+        self._lock = threading.Lock()
+        self._idle: list[tuple[str, Any]] = []
+        self._taken: dict[str, Any] = {}  # taken for a launch that has not finished yet
+        self._starting: set[str] = set()
+
+    def top_up(self) -> int:
+        """Starts spares until `size` are idle; returns how many it started (the actors
+        start in the background)."""
+        started = 0
+        while True:
+            name = spare_controller_name(secrets.token_hex(6))
+            with self._lock:
+                if len(self._idle) + len(self._starting) >= self.size:
+                    return started
+                self._starting.add(name)  # named before it exists: the sweep spares it
+            try:
+                handle = RemoteController.options(  # type: ignore[attr-defined]
+                    **controller_options(name, self.near_node_id)).remote()
+            finally:
+                with self._lock:
+                    self._starting.discard(name)
+            with self._lock:
+                self._idle.append((name, handle))
+            started += 1
+
+    def take(self) -> tuple[str, Any] | None:
+        """The oldest idle spare (name, handle), held as taken until `done(name)`."""
+        with self._lock:
+            if not self._idle:
+                return None
+            name, handle = self._idle.pop(0)
+            self._taken[name] = handle
+            return name, handle
+
+    def done(self, name: str, *, adopted: bool) -> None:
+        """The launch that took `name` finished; a spare it did not adopt is killed."""
+        with self._lock:
+            handle = self._taken.pop(name, None)
+        if handle is not None and not adopted:
+            _kill(handle)
+
+    def names(self) -> set[str]:
+        """Spares held here (idle or being adopted): not orphans."""
+        with self._lock:
+            return {n for n, _ in self._idle} | set(self._taken) | self._starting
+
+    def close(self) -> int:
+        """Kills the idle spares; returns how many."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for _, handle in idle:
+            _kill(handle)
+        return len(idle)
+
+
+def _kill(handle: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone is fine
+        ray.kill(handle, no_restart=True)
