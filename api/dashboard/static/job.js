@@ -93,8 +93,7 @@ window.MYJob = (function () {
   });
 
   // ---- diagnosis ------------------------------------------------------------------------
-  async function loadDiagnoses() {
-    const data = await api(ctx.base + "/diagnoses");
+  function showDiagnoses(data) {
     const latest = data.items.length ? Math.max(...data.items.map((d) => d.id)) : null;
     show(document.getElementById("jump-diagnosis"), latest !== null);
     if (latest === diagId) return;
@@ -106,8 +105,12 @@ window.MYJob = (function () {
 
   // ---- loop -----------------------------------------------------------------------------
   async function tick() {
-    renderJob(await api(ctx.base));
-    await loadDiagnoses();
+    // The job first, then its diagnoses, drawn together: a diagnosis is stored before the
+    // state change it explains, so a page that shows FAILED also shows why.
+    const job = await api(ctx.base);
+    const diagnoses = await api(ctx.base + "/diagnoses");
+    renderJob(job);
+    showDiagnoses(diagnoses);
     // Panels marked `early` run first: what they put in ctx (utilisation) the others show.
     const results = [
       ...await Promise.allSettled(panels.filter((p) => p.early).map((p) => p.tick(ctx))),
