@@ -18,6 +18,8 @@ loop's `workers.parallelize.parallelize` (after TP and activation checkpointing)
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,34 @@ def backend_for(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
+# How long a rank other than 0 looks for rank 0's store before it leaves the rendezvous to
+# torch (which then retries on its own back-off), and how often it looks.
+STORE_WAIT_S = 5.0
+_STORE_PROBE_S = 0.005
+
+
+def wait_for_store(addr: str, port: int, *, rank: int, within_s: float = STORE_WAIT_S) -> bool:
+    """On a rank other than 0: blocks until rank 0's rendezvous store accepts connections at
+    `addr:port` (True) or `within_s` has passed (False). Rank 0 returns at once.
+
+    torch's TCPStore client that finds nothing listening yet waits 0.3-0.4 s before it tries
+    again, so ranks that start their rendezvous a few milliseconds before rank 0 does (each
+    rank is its own actor: they never start together) would lose that much on every
+    rendezvous; connecting here every 5 ms first makes torch's own connect succeed at once.
+    The probe's connection carries nothing and closes at once."""
+    if rank == 0:
+        return True
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_STORE_PROBE_S)
+
+
 def local_device() -> torch.device:
     """cuda:LOCAL_RANK (among the visible GPUs) when CUDA is available, else cpu."""
     if not torch.cuda.is_available():
@@ -58,6 +88,9 @@ def ensure_process_group(timeout_s: float | None = None) -> torch.device:
     timeout = timedelta(seconds=timeout_s or float(os.environ.get(
         "MESHYARD_INIT_TIMEOUT_S", "600")))
     kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                       rank=int(os.environ.get("RANK", "0")))
     dist.init_process_group(backend=backend_for(device), init_method="env://", timeout=timeout,
                             **kwargs)
     return device
