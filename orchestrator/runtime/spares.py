@@ -4,9 +4,6 @@ Starting a controller is a new Ray worker process (Python, Ray and the controlle
 about half a second here); a spare has done that already, so the scheduler's launch is one
 `adopt(config)` call. The scheduler takes a spare for each launch and the runtime keeps
 `size` of them (scheduler loop, `top_up`), next to the control plane like any controller.
-A spare taken by a launch is replaced `refill_after_s` later, not at once: a new spare is a
-new process (Ray's and the controller's imports, about a second of CPU), which started during
-the launch would compete for the cores with the job's own start.
 
 A spare is a detached actor named `events.spare_controller_name(token)`; adopted, it keeps
 that name, and the attempt's placement records it (`placement["controller"]`) before the
@@ -20,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-import time
 from typing import Any
 
 import ray
@@ -28,33 +24,24 @@ import ray
 from orchestrator.runtime.controller import RemoteController, controller_options
 from orchestrator.runtime.events import spare_controller_name
 
-# How long after a launch took a spare its replacement starts (a launch's start costs a few
-# tenths of a second with a pooled gang).
-REFILL_AFTER_S = 2.0
-
 
 class SpareControllers:
     """`size` spare controllers next to `near_node_id`. Thread-safe: the scheduler takes
     them, the sweep reads `names()`."""
 
-    def __init__(self, size: int, *, near_node_id: str | None,
-                 refill_after_s: float = REFILL_AFTER_S) -> None:
+    def __init__(self, size: int, *, near_node_id: str | None) -> None:
         self.size = size
         self.near_node_id = near_node_id
-        self.refill_after_s = refill_after_s
-        self._last_take = float("-inf")
         self._lock = threading.Lock()
         self._idle: list[tuple[str, Any]] = []
         self._taken: dict[str, Any] = {}  # taken for a launch that has not finished yet
         self._starting: set[str] = set()
 
     def top_up(self) -> int:
-        """Starts spares until `size` are idle, unless one was taken less than
-        `refill_after_s` ago; returns how many it started (the actors start in the
-        background)."""
+        """Starts spares until `size` are idle; returns how many it started (the actors
+        start in the background; each is sent one call at once, so that Ray's set-up of an
+        actor's first call is done before a launch calls it)."""
         started = 0
-        if time.monotonic() - self._last_take < self.refill_after_s:
-            return started
         while True:
             name = spare_controller_name(secrets.token_hex(6))
             with self._lock:
@@ -64,6 +51,10 @@ class SpareControllers:
             try:
                 handle = RemoteController.options(  # type: ignore[attr-defined]
                     **controller_options(name, self.near_node_id)).remote()
+                # An actor's first method call costs Ray 0.13-0.17 s here beyond the call
+                # itself (measured; later calls take a few ms): paid now, with a call whose
+                # answer nobody needs, not by the launch's `adopt`.
+                handle.poll.remote()
             finally:
                 with self._lock:
                     self._starting.discard(name)
@@ -78,7 +69,6 @@ class SpareControllers:
                 return None
             name, handle = self._idle.pop(0)
             self._taken[name] = handle
-            self._last_take = time.monotonic()
             return name, handle
 
     def done(self, name: str, *, adopted: bool) -> None:

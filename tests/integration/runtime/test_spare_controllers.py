@@ -118,21 +118,3 @@ def test_a_restarted_control_plane_finds_the_spare_its_attempt_adopted(settings,
     finally:
         second.stop()
 
-
-def test_a_taken_spare_is_replaced_only_after_the_refill_delay(ray_connected) -> None:
-    """A new spare is a new process: it is not started while the launch that took the last
-    one is still starting its job."""
-    from orchestrator.runtime.spares import SpareControllers
-
-    spares = SpareControllers(1, near_node_id=None, refill_after_s=3600)
-    try:
-        assert spares.top_up() == 1  # nothing taken yet: at once
-        name, _ = spares.take()
-        assert spares.top_up() == 0  # taken just now: later
-        spares.done(name, adopted=False)
-        assert spares.names() == set()
-        spares.refill_after_s = 0.0
-        assert spares.top_up() == 1
-        assert len(spares.names()) == 1
-    finally:
-        spares.close()
