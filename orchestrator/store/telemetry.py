@@ -130,10 +130,10 @@ class TelemetryOps(StoreBase):
         """Inserts the rows past the newest step stored for their (attempt, rank), in one
         transaction (so repeating it adds nothing); returns how many were added."""
         with self._tx() as s:
-            newest = dict(s.execute(
+            newest = {rank: step for rank, step in s.execute(
                 select(m.Metric.rank, func.max(m.Metric.step))
                 .where(m.Metric.job_id == job_id, m.Metric.attempt == attempt)
-                .group_by(m.Metric.rank)).tuples().all())
+                .group_by(m.Metric.rank))}
             seen: dict[int, int] = {}
             values = []
             for x in sorted(rows, key=lambda x: (int(x.get("rank", 0)), int(x["step"]))):

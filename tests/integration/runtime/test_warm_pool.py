@@ -187,8 +187,9 @@ def test_a_script_job_from_the_pool_runs_as_it_does_cold_and_isolated(
         assert w[r]["cmdline"][1:3] == n[r]["cmdline"][1:3] == ["-m", "meshyard._prestart"]
         assert w[r]["pid"] != n[r]["pid"]  # one process per rank, never reused
         # RAY_JOB_ID names the Ray job the worker actor was created under: the detached pool's
-        # (which outlives the driver that made it) or the attempt controller's.
-        per_process = ("MASTER_PORT", "MESHYARD_PARENT_PID", "RAY_JOB_ID")
+        # (which outlives the driver that made it) or the attempt controller's; RAY_RAYLET_PID
+        # names the node's raylet, and a pooled worker may sit on another node than the cold one.
+        per_process = ("MASTER_PORT", "MESHYARD_PARENT_PID", "RAY_JOB_ID", "RAY_RAYLET_PID")
         envs = [{k: v for k, v in x[r]["env"].items() if k not in per_process
                  and job_id not in v} for x, job_id in ((c, cold_id), (w, warm_id))]
         assert envs[0] == envs[1]
