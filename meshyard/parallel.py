@@ -70,6 +70,15 @@ def wait_for_store(addr: str, port: int, *, rank: int, within_s: float = STORE_W
             time.sleep(_STORE_PROBE_S)
 
 
+def join_process_group(backend: str, addr: str, port: int, *, rank: int, world_size: int,
+                       timeout: timedelta, **kwargs: Any) -> None:
+    """Joins the default process group whose rank 0 serves the store at tcp://addr:port,
+    once that store listens (`wait_for_store`); `kwargs` go to `init_process_group`."""
+    wait_for_store(addr, port, rank=rank)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=world_size, timeout=timeout, **kwargs)
+
+
 def local_device() -> torch.device:
     """cuda:LOCAL_RANK (among the visible GPUs) when CUDA is available, else cpu."""
     if not torch.cuda.is_available():

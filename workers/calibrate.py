@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from meshyard.parallel import wait_for_store
+from meshyard.parallel import join_process_group
 from orchestrator.planner.calibration.fit import PRIMITIVES
 from workers.env import free_port
 
@@ -112,10 +112,8 @@ def measure(rank: int, n: int, *, addr: str, port: int,
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
         else torch.device("cpu")
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    wait_for_store(addr, port, rank=rank)
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=n, timeout=timedelta(seconds=cfg.get("timeout_s", 300)),
-                            **kwargs)
+    join_process_group(backend, addr, port, rank=rank, world_size=n,
+                       timeout=timedelta(seconds=cfg.get("timeout_s", 300)), **kwargs)
     rows = []
     try:
         for prim in cfg["primitives"]:

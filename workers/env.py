@@ -123,22 +123,16 @@ def init_distributed(spec: JobSpec, *, dist_env: DistEnv, device: torch.device) 
     """
     import torch.distributed as dist
 
-    from meshyard.parallel import backend_for, wait_for_store
+    from meshyard.parallel import backend_for, join_process_group
 
     if dist_env.world_size == 1 or dist.is_initialized():
         return False
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
-    wait_for_store(dist_env.master_addr, dist_env.master_port, rank=dist_env.rank)
-    dist.init_process_group(
-        backend=backend_for(device),
-        init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
-        rank=dist_env.rank,
-        world_size=dist_env.world_size,
-        timeout=timedelta(seconds=spec.fault_tolerance.init_timeout_s),
-        **kwargs,
-    )
+    join_process_group(backend_for(device), dist_env.master_addr, dist_env.master_port,
+                       rank=dist_env.rank, world_size=dist_env.world_size,
+                       timeout=timedelta(seconds=spec.fault_tolerance.init_timeout_s), **kwargs)
     return True
 
 

@@ -157,7 +157,7 @@ def check_user_rank(a: RankAssignment) -> dict[str, Any]:
     module of meshyard's control plane.
     Returns {"ok": True, summary...} or {"ok": False, "message": the failure}.
     """
-    from meshyard.parallel import backend_for, wait_for_store
+    from meshyard.parallel import backend_for, join_process_group
     from workers.env import select_device
     from workers.mesh import build_mesh
 
@@ -165,11 +165,9 @@ def check_user_rank(a: RankAssignment) -> dict[str, Any]:
     device = select_device(a.spec, local_rank=a.dist.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    wait_for_store(a.dist.master_addr, a.preflight_port, rank=a.rank)
-    dist.init_process_group(
-        backend_for(device), init_method=f"tcp://{a.dist.master_addr}:{a.preflight_port}",
-        rank=a.rank, world_size=a.dist.world_size,
-        timeout=timedelta(seconds=a.spec.fault_tolerance.init_timeout_s))
+    join_process_group(backend_for(device), a.dist.master_addr, a.preflight_port,
+                       rank=a.rank, world_size=a.dist.world_size,
+                       timeout=timedelta(seconds=a.spec.fault_tolerance.init_timeout_s))
     try:
         mesh = build_mesh(MeshShape.from_parallelism(a.spec.parallelism),
                           device_type=device.type)

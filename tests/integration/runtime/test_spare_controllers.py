@@ -117,4 +117,3 @@ def test_a_restarted_control_plane_finds_the_spare_its_attempt_adopted(settings,
                  what="the adopted spare killed with its attempt")
     finally:
         second.stop()
-
