@@ -343,3 +343,46 @@ def test_checkpoints_and_logs_by_attempt_rank_stream_search_paging_and_download(
     assert len(lines) == 700 and lines[0] == "a1 r1 line 0000" and "attempt1-rank1" in \
         dl.value.suggested_filename
     assert page.errors == []
+
+
+def test_a_late_answer_to_an_earlier_log_filter_never_replaces_the_newer_one(
+        page: Any, server: Server, nodes: list[str]) -> None:
+    """Rank 1, then at once its stderr: the answer for "rank 1, every stream" is held until
+    the stream is chosen and then let through; the tail shows rank 1's stderr and keeps it
+    on the polls after, and the page polls in one loop (one job request per tick)."""
+    job, attempt = running(server, nodes[2:3], "late-logs", dp=2, step=6)
+    server.store.add_logs(job.id, attempt, [{"rank": r, "stream": "stdout" if i % 3 else "stderr",
+                                       "line": f"r{r} line {i:03d}"}
+                                      for i in range(60) for r in range(2)])
+    held: list[Any] = []
+
+    def hold_rank_only(route: Any) -> None:
+        q = route.request.url.partition("?")[2]
+        if "rank=1" in q and "stream=" not in q and not held:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route(re.compile(rf".*/v1/jobs/{job.id}/logs\?.*"), hold_rank_only)
+    page.goto(f"/jobs/{job.id}")
+    logs = page.locator("#log-tail")
+    logs.filter(has_text="r0 line 059").wait_for()
+    page.select_option("#log-rank", "1")
+    deadline = time.monotonic() + 10
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert held, "the page never asked for rank 1's lines"
+    page.select_option("#log-stream", "stderr")
+    page.wait_for_timeout(300)
+    held[0].continue_()  # the older answer arrives after the newer filter was chosen
+    only_stderr = ("() => { const t = document.getElementById('log-tail').textContent;"
+                   " return t.includes('r1 line 057') && t.split('\\n')"
+                   ".every(l => l.startsWith('[1]! ')); }")
+    page.wait_for_function(only_stderr)
+    job_requests: list[str] = []
+    page.on("request", lambda r: job_requests.append(r.url)
+            if r.url.endswith(f"/v1/jobs/{job.id}") else None)
+    page.wait_for_timeout(4500)  # two more polls at 2 s
+    assert page.evaluate(only_stderr)
+    assert 1 <= len(job_requests) <= 3, job_requests
+    assert page.errors == []

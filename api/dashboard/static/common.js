@@ -123,27 +123,38 @@ window.MY = (function () {
   }
 
   // Runs fn now and then every intervalMs (<= 2 s for live pages); pauses while the tab is
-  // hidden, backs off after errors, and reports status in the #live element.
+  // hidden, backs off after errors, and reports status in the #live element. One run at a
+  // time: now() during a run asks for another as soon as it ends.
   function poll(fn, intervalMs) {
     const live = document.getElementById("live");
     let failures = 0;
     let timer = null;
-    async function tick() {
-      timer = null;
-      if (document.hidden) { timer = setTimeout(tick, intervalMs); return; }
+    let running = false;
+    let again = false;
+    async function run() {
+      if (document.hidden) return true;
       try {
         const more = await fn();
         failures = 0;
         if (live) { live.textContent = "live · " + new Date().toLocaleTimeString(undefined, { hour12: false }); live.className = "live ok"; }
-        if (more === false) { if (live) live.textContent = "final"; return; }
+        if (more === false) { if (live) live.textContent = "final"; return false; }
       } catch (err) {
         failures += 1;
         if (live) { live.textContent = "retrying: " + err.message; live.className = "live err"; }
       }
-      timer = setTimeout(tick, intervalMs * Math.min(8, 1 + failures));
+      return true;
+    }
+    async function tick() {
+      timer = null;
+      if (running) { again = true; return; }
+      running = true;
+      let more;
+      try { more = await run(); } finally { running = false; }
+      if (again) { again = false; tick(); return; }
+      if (more) timer = setTimeout(tick, intervalMs * Math.min(8, 1 + failures));
     }
     tick();
-    return { now: () => { if (timer) clearTimeout(timer); tick(); } };
+    return { now: () => { if (timer) clearTimeout(timer); timer = null; tick(); } };
   }
 
   return { el, svg, clear, api, HttpError, ageSeconds, fmtAge, fmtNum, fmtTime, fmtClock,

@@ -15,6 +15,8 @@
   const pre = document.getElementById("log-tail");
   const count = document.getElementById("log-count");
   let lines = [], newest = 0, oldest = null, exhausted = false, loaded = false, ctxRef = null;
+  // A filter change starts a new generation; a response to an older one is dropped.
+  let gen = 0;
 
   function query(extra) {
     const q = new URLSearchParams(extra);
@@ -38,6 +40,7 @@
   }
 
   function reset() {
+    gen += 1;
     lines = []; newest = 0; oldest = null; exhausted = false; loaded = false;
     const r = rankSel.value;
     download.hidden = r === "";
@@ -54,7 +57,9 @@
 
   older.addEventListener("click", async () => {
     if (oldest === null || !ctxRef) return;
+    const g = gen;
     const data = await api(ctxRef.base + "/logs?" + query({ before: oldest, limit: PAGE }));
+    if (g !== gen) return;
     if (data.items.length < PAGE) exhausted = true;
     if (data.items.length) { lines = [...data.items, ...lines]; oldest = data.items[0].id; }
     const keep = pre.scrollHeight - pre.scrollTop;
@@ -84,8 +89,10 @@
     async tick(ctx) {
       ctxRef = ctx;
       syncOptions(ctx);
+      const g = gen;
       if (!loaded) {
         const data = await api(ctx.base + "/logs?" + query({ tail: PAGE }));
+        if (g !== gen) return;
         lines = data.items;
         exhausted = data.items.length < PAGE;
         oldest = lines.length ? lines[0].id : null;
@@ -96,7 +103,7 @@
         return;
       }
       const data = await api(ctx.base + "/logs?" + query({ after: newest, limit: 1000 }));
-      if (!data.items.length) return;
+      if (g !== gen || !data.items.length) return;
       lines.push(...data.items);
       newest = lines[lines.length - 1].id;
       if (lines.length > KEEP) { lines = lines.slice(-KEEP); oldest = lines[0].id; exhausted = false; }
