@@ -59,13 +59,14 @@ def test_metrics_reported_after_the_last_poll_survive_sigkill(tmp_path: Path) ->
     # Long enough that the ranks, which train on while the server is stopped and for a moment
     # after it is killed, cannot finish the job before it restarts (with 40 steps they once
     # did: the restarted attempt then had no step left to train). Rank 1 sleeps 0.15 s a
-    # step, so the 72 or more steps left after step 8 take over 10 s.
+    # step in the first attempt, so the 72 or more steps left after step 8 take over 10 s;
+    # the resumed attempt trains at full speed.
     steps = 80
     spec = tiny_spec("no-gap", training={"steps": steps},
                      resources={"device": "cpu", "cpus_per_worker": 0.5},
                      checkpoint={"enabled": True, "every_steps": 5, "async_save": False},
                      inject_fault={"kind": "slow", "rank": 1, "step": 1, "seconds": 0.15,
-                                   "attempt": None})
+                                   "attempt": 1})
     data = tmp_path / "data"
     proc = _serve_embedded(data)
     try:
