@@ -1,6 +1,7 @@
 """The plans `parallelism: auto` can choose run on the real workers: the top plans for a tiny
 GPT on a simulated 4-GPU NVSwitch node, each resolved to a spec, run 2 steps in one 4-rank
-torchrun launch on CPU (gloo). A plan the workers refuse fails the launch. The same launch
+launch on CPU (gloo), its ranks forked from one process that imported torch once
+(tests/integration/workers/forkrun.py). A plan the workers refuse fails the launch. The same launch
 runs the planned MoE variant: its top plan and the best plan at each expert-parallel degree
 (ep = 1, 2, 4)."""
 
@@ -16,7 +17,7 @@ from orchestrator.planner.autoplan import request_from_spec, resolved_data
 from orchestrator.planner.planner import plan
 from orchestrator.spec import parse_spec
 from orchestrator.topology.model import ClusterNode, ClusterTopology, NodeTopology
-from tests.integration.workers.launch_helpers import torchrun
+from tests.integration.workers.launch_helpers import forkrun
 
 TINY = {"name": "auto-tiny", "parallelism": {"auto": True, "auto_global_batch": 16},
         "model": {"n_layers": 4, "n_heads": 4, "d_model": 64, "vocab_size": 128, "seq_len": 32},
@@ -62,7 +63,7 @@ def test_top_auto_plans_train_on_the_workers(tmp_path: Path) -> None:
         path = tmp_path / f"plan{i}.json"
         path.write_text(json.dumps(data))
         paths.append(path)
-    out = torchrun(nproc=4, specs=paths, out=tmp_path / "run", timeout=380)
+    out = forkrun(nproc=4, specs=paths, out=tmp_path / "run", timeout=380)
     assert out.returncode == 0, (out.stderr[-4000:],
                                  [p.config.label() for p in (*picks, *moe_picks)])
     for path in paths:

@@ -54,6 +54,17 @@ def torchrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str] = (),
                           check=False)
 
 
+def forkrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str] = (),
+            timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """As `torchrun`, with the ranks forked from one process that imported torch once
+    (forkrun.py): for launches where the training is under test, not the launcher."""
+    from tests.integration.workers.forkrun import forkrun_cmd
+
+    args = ["--out", str(out), *(a for s in specs for a in ("--spec", str(s))), *extra]
+    return subprocess.run(forkrun_cmd(nproc, args), cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
 def popen_torchrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str] = (),
                    log: Path) -> subprocess.Popen[bytes]:
     """Starts torchrun in its own session (so the test can kill exactly that group)."""

@@ -42,6 +42,19 @@ def torchrun(*, nproc: int, specs: list[Path], out: Path, steps: int | None = No
                           timeout=timeout, check=False)
 
 
+def forkrun(*, nproc: int, specs: list[Path], out: Path, steps: int | None = None,
+            extra: list[str] = (), timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """As `torchrun`, with the ranks forked from one process that imported torch once
+    (forkrun.py)."""
+    from tests.integration.workers.forkrun import forkrun_cmd
+
+    args = ["--out", str(out), *(a for s in specs for a in ("--spec", str(s)))]
+    if steps is not None:
+        args += ["--steps", str(steps)]
+    return subprocess.run(forkrun_cmd(nproc, [*args, *extra]), cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def reference(*, specs: list[Path], out: Path, steps: int | None = None,
               timeout: float = 240) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "workers.launch", "--reference", "--out", str(out)]

@@ -23,6 +23,7 @@ import pytest
 from tests.integration.workers.launch_helpers import (
     assert_ok,
     assert_parity,
+    forkrun,
     metrics,
     reference,
     torchrun,
@@ -83,10 +84,11 @@ def test_resume_restores_each_ranks_rng_so_dropout_continues_the_same(tmp_path: 
                        training={"steps": steps})
 
     out = tmp_path / "runs"
-    assert_ok(torchrun(nproc=2, specs=[spec("a", "straight", 6), spec("a", "cut", 3)], out=out))
+    # Ranks forked from one process (forkrun.py): the test above resumes under torchrun.
+    assert_ok(forkrun(nproc=2, specs=[spec("a", "straight", 6), spec("a", "cut", 3)], out=out))
     assert sorted(p.name for p in (out / "cut" / "checkpoints" / "step_00000003" / "rng")
                   .iterdir()) == ["rank_0.pt", "rank_1.pt"]
-    assert_ok(torchrun(nproc=2, specs=[spec("b", "cut", 6)], out=out / "cut"))
+    assert_ok(forkrun(nproc=2, specs=[spec("b", "cut", 6)], out=out / "cut"))
     log = (out / "cut" / "logs" / "rank_0.log").read_text()
     assert "resumed from checkpoint at step 3" in log and "reseeded" not in log
     want = {m["step"]: m["loss"] for m in metrics(out / "straight")}

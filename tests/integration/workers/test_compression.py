@@ -26,6 +26,7 @@ import pytest
 from tests.integration.workers.launch_helpers import (
     TINY,
     assert_ok,
+    forkrun,
     metrics,
     reference,
     torchrun,
@@ -64,7 +65,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.rmtree(hook_dir)
     second = [resumable("ddp-topk", "cut", 8), resumable("ddp-topk", "cut-cold", 8),
               resumable("ddp-powersgd", "psgd-cut", 8)]
-    assert_ok(torchrun(nproc=2, specs=second, out=out, timeout=300))
+    # The resumes fork their ranks from one process that imported torch once (forkrun.py).
+    assert_ok(forkrun(nproc=2, specs=second, out=out, timeout=300))
     return {p.stem: out / p.stem for p in [*first, *second]}
 
 

@@ -17,7 +17,9 @@ continues it at the parity tolerance: DCP re-splits the experts, saved as one te
 full set. The slow 4-rank test does the same from ep=2 x dp_shard=2 (experts FSDP-sharded
 within the ep block) to itself and to ep=4.
 
-Teardown is clean: torchrun's output carries no "terminate called" from a rank.
+The 2-rank runs launch under torchrun, the 4-rank ones fork their ranks from one process that
+imported torch once (forkrun.py). Teardown is clean: no launch's output carries "terminate
+called" from a rank.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.integration.workers.launch_helpers import (
     TINY,
     assert_ok,
     assert_parity,
+    forkrun,
     metrics,
     reference,
     torchrun,
@@ -41,9 +44,9 @@ from tests.integration.workers.launch_helpers import (
 CKPT = {"enabled": True, "every_steps": 2, "keep": 2, "async_save": False}
 
 
-def _launch(tmp: Path, *, nproc: int, specs: list[Path]) -> dict[str, Path]:
+def _launch(tmp: Path, *, nproc: int, specs: list[Path], fork: bool = False) -> dict[str, Path]:
     out = tmp / "runs"
-    proc = torchrun(nproc=nproc, specs=specs, out=out, timeout=400)
+    proc = (forkrun if fork else torchrun)(nproc=nproc, specs=specs, out=out, timeout=400)
     assert_ok(proc)
     assert "terminate called" not in proc.stdout + proc.stderr
     # One spec writes into --out itself, several into --out/<stem>.
@@ -122,13 +125,13 @@ def test_ep4_and_ep_fsdp_match_reference_and_resume(tmp_path: Path) -> None:
                        checkpoint=CKPT, training={"steps": steps}, **changes)
 
     specs = [ep4, TINY / "ep-fsdp.yaml"]
-    runs = _launch(tmp_path, nproc=4, specs=[*specs, resumable("fsdp-cut", 4)])
+    runs = _launch(tmp_path, nproc=4, specs=[*specs, resumable("fsdp-cut", 4)], fork=True)
     for spec in specs:
         _check(spec, runs[spec.stem])
     shutil.copytree(runs["fsdp-cut"], runs["fsdp-cut"].parent / "fsdp-cut-ep4")
     runs |= _launch(tmp_path, nproc=4, specs=[
         resumable("fsdp-cut", 8),
-        resumable("fsdp-cut-ep4", 8, parallelism={"ep": 4, "dp_shard": 1})])
+        resumable("fsdp-cut-ep4", 8, parallelism={"ep": 4, "dp_shard": 1})], fork=True)
     straight = _losses(runs["ep-fsdp"])
     cut, ep4_resumed = _losses(runs["fsdp-cut"]), _losses(runs["fsdp-cut-ep4"])
     assert sorted(cut) == sorted(ep4_resumed) == list(range(1, 9))

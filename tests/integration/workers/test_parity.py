@@ -2,7 +2,8 @@
 reference on the same global batch, 12 steps.
 
 Two launches in all: one 2-rank torchrun runs eight specs one after another in the same
-process group (``workers.launch --spec A --spec B ...``), one 4-rank torchrun runs six.
+process group (``workers.launch --spec A --spec B ...``), one 4-rank launch runs six, its
+ranks forked from one process that imported torch once (forkrun.py).
 Tolerance: |loss - reference| <= 2e-5 and grad norm within 1e-4 relative (float32 reduction
 order; observed <= 1e-6). PowerSGD is lossy by design: checked for convergence instead, and for
 actually differing from the reference (the hook is active). fp16/bf16 hooks: a few 1e-3.
@@ -19,6 +20,7 @@ from tests.integration.workers.launch_helpers import (
     TINY,
     assert_ok,
     assert_parity,
+    forkrun,
     metrics,
     reference,
     torchrun,
@@ -58,9 +60,10 @@ def _training(base: str) -> dict:
     return yaml.safe_load((TINY / f"{base}.yaml").read_text())["training"]
 
 
-def _launch(tmp: Path, *, nproc: int, specs: dict[str, Path]) -> dict[str, Path]:
+def _launch(tmp: Path, *, nproc: int, specs: dict[str, Path],
+            fork: bool = False) -> dict[str, Path]:
     out = tmp / "runs"
-    proc = torchrun(nproc=nproc, specs=list(specs.values()), out=out)
+    proc = (forkrun if fork else torchrun)(nproc=nproc, specs=list(specs.values()), out=out)
     assert_ok(proc)
     return {name: out / path.stem for name, path in specs.items()}
 
@@ -77,7 +80,7 @@ def ws2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]
 def ws4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     tmp = tmp_path_factory.mktemp("ws4")
     specs = {n: TINY / f"{n}.yaml" for n in WS4_TINY} | _ws4_variants(tmp)
-    runs = _launch(tmp, nproc=4, specs=specs)
+    runs = _launch(tmp, nproc=4, specs=specs, fork=True)
     return {n: (specs[n], runs[n]) for n in specs}
 
 

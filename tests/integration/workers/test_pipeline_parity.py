@@ -1,7 +1,9 @@
 """Parity of every pipeline layout with the single-process reference, through workers.launch.
 
 Each launch runs several specs in one set of processes (``--spec`` repeated) to pay the
-torchrun start-up once. Tolerance: LOSS_ATOL / GRAD_NORM_RTOL in pipeline_launch.
+start-up once. The 2-rank layouts launch under torchrun; the others fork their ranks from one
+process that imported torch once (forkrun.py). Tolerance: LOSS_ATOL / GRAD_NORM_RTOL in
+pipeline_launch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tests.integration.workers.pipeline_launch import (
     TINY,
     assert_ok,
     assert_parity,
+    forkrun,
     metrics,
     reference,
     run_dir,
@@ -27,9 +30,9 @@ TWO_RANK = [TINY / "pp-gpipe.yaml", TINY / "pp-1f1b.yaml", TINY / "pp-interleave
 FOUR_RANK = [TINY / "pp-dp.yaml", FIXTURES / "pp-fsdp.yaml"]
 
 
-def _check_all(tmp: Path, *, nproc: int, specs: list[Path]) -> Path:
+def _check_all(tmp: Path, *, nproc: int, specs: list[Path], fork: bool = True) -> Path:
     dist_out, ref_out = tmp / "dist", tmp / "ref"
-    assert_ok(torchrun(nproc=nproc, specs=specs, out=dist_out))
+    assert_ok((forkrun if fork else torchrun)(nproc=nproc, specs=specs, out=dist_out))
     assert_ok(reference(specs=specs, out=ref_out))
     for spec in specs:
         d = run_dir(dist_out, spec, n_specs=len(specs))
@@ -42,7 +45,7 @@ def _check_all(tmp: Path, *, nproc: int, specs: list[Path]) -> Path:
 def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # gpipe also uses grad accumulation 2 (8 pipeline microbatches per step); interleaved
     # holds two virtual stages per rank.
-    return _check_all(tmp_path_factory.mktemp("pp2"), nproc=2, specs=TWO_RANK)
+    return _check_all(tmp_path_factory.mktemp("pp2"), nproc=2, specs=TWO_RANK, fork=False)
 
 
 def test_gpipe_1f1b_interleaved_match_reference_on_2_ranks(two_rank_runs: Path) -> None:
@@ -60,8 +63,8 @@ def test_interleaved_resume_continues_the_same_trajectory(two_rank_runs: Path,
     spec = tmp_path / "pp-interleaved-ckpt.yaml"
     spec.write_text(yaml.safe_dump(doc))
     out = tmp_path / "run"
-    assert_ok(torchrun(nproc=2, specs=[spec], out=out, steps=6))
-    assert_ok(torchrun(nproc=2, specs=[spec], out=out, steps=12))
+    assert_ok(forkrun(nproc=2, specs=[spec], out=out, steps=6))
+    assert_ok(forkrun(nproc=2, specs=[spec], out=out, steps=12))
     assert "resumed from checkpoint at step 6" in runner_used(out, 0)
     got = [(m["step"], m["loss"]) for m in metrics(out)]
     want = [(m["step"], m["loss"]) for m in metrics(two_rank_runs / "pp-interleaved")]

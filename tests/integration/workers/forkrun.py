@@ -1,0 +1,99 @@
+"""A local launch of ``workers.launch`` whose ranks are forked from one process that imported
+torch and the training loop once, for the parity tests, where what is compared is the
+training and not the launcher. Under torchrun every rank imports torch, torch._dynamo (DDP
+and FSDP need it) and the loop on its own, about 2.5 s of CPU before its first step; these
+tests start dozens of ranks. The tests about torchrun itself (its process tree, a rank that
+dies, hangs or is killed, its log redirects, the examples people launch with it, and one
+launch of each parity module) keep launching torchrun.
+
+Each rank gets what torchrun gives it (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR, MASTER_PORT), shares this process's stdout and stderr, and exits
+through the interpreter's normal shutdown. When a rank fails the others are killed, as
+torchrun does, and this process exits with the first failure's status; a rank dies with
+this process.
+
+    python -m tests.integration.workers.forkrun --nproc N [workers.launch arguments...]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+
+# What a rank of the tiny specs imports before its first step (~2 s of CPU), once.
+import torch  # noqa: F401
+import torch._dynamo  # noqa: F401
+import torch.distributed.checkpoint  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401
+import torch.distributed.pipelining  # noqa: F401
+import torch.distributed.tensor  # noqa: F401
+import torch.nn.parallel  # noqa: F401
+
+import workers.checkpoint  # noqa: F401
+import workers.launch
+import workers.loop  # noqa: F401
+import workers.moe  # noqa: F401
+import workers.parallelize  # noqa: F401
+import workers.pipeline  # noqa: F401
+
+_PR_SET_PDEATHSIG = 1
+
+
+def forkrun_cmd(nproc: int, launch_args: list[str]) -> list[str]:
+    """The command line that runs `workers.launch launch_args` on `nproc` forked ranks."""
+    return [sys.executable, "-m", "tests.integration.workers.forkrun", "--nproc", str(nproc),
+            *launch_args]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
+    """In the forked child: become rank `rank`, run the launch, exit with its status."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.exit(workers.launch.main(argv))
+
+
+def main(args: list[str]) -> int:
+    if len(args) < 2 or args[0] != "--nproc":
+        print(__doc__, file=sys.stderr)
+        return 2
+    world, argv = int(args[1]), args[2:]
+    port = _free_port()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[int, int] = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            _rank(rank, world, port, argv)
+        children[pid] = rank
+    status = 0
+    while children:
+        pid, wait_status = os.wait()
+        rank = children.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(wait_status)
+        if code != 0 and status == 0:
+            print(f"forkrun: rank {rank} exited {code}; stopping the others", file=sys.stderr,
+                  flush=True)
+            status = code if code > 0 else 128 - code
+            for other in children:
+                os.kill(other, signal.SIGKILL)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
