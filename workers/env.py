@@ -17,6 +17,7 @@ are read when the first group is built), so :func:`apply_env` runs first.
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
@@ -30,8 +31,35 @@ if TYPE_CHECKING:
     import torch
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (MASTER_PORT of a rendezvous; tests' torchrun ports)."""
+# Ray's default worker ports end at 19999; the kernel's ephemeral ports (what a port-0 bind or
+# an outgoing connection gets) start at the first number of ip_local_port_range.
+_PORTS_FROM = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", *, tries: int = 64) -> int:
+    """A TCP port free on `host` now (MASTER_PORT of a rendezvous; tests' torchrun ports).
+
+    Rank 0 binds it a moment later, so it is drawn at random below the kernel's ephemeral
+    range: a port the kernel hands out (another process's port-0 bind, any outgoing
+    connection) cannot take it in between. Where that range leaves no room, or `tries`
+    random ports are all taken, the kernel picks one."""
+    top = _ephemeral_start() - 1
+    if top - _PORTS_FROM >= 1000:
+        for port in random.sample(range(_PORTS_FROM, top + 1), tries):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
