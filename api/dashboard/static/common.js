@@ -154,7 +154,7 @@ window.MY = (function () {
       if (more) timer = setTimeout(tick, intervalMs * Math.min(8, 1 + failures));
     }
     tick();
-    return { now: () => { if (timer) clearTimeout(timer); timer = null; tick(); } };
+    return { now: () => { if (timer) clearTimeout(timer); tick(); } };
   }
 
   return { el, svg, clear, api, HttpError, ageSeconds, fmtAge, fmtNum, fmtTime, fmtClock,

@@ -20,8 +20,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
+import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 # What a rank of the tiny specs imports before its first step (~2 s of CPU), once.
 import torch  # noqa: F401
@@ -33,6 +35,7 @@ import torch.distributed.tensor  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
 import workers.checkpoint  # noqa: F401
+import workers.env
 import workers.launch
 import workers.loop  # noqa: F401
 import workers.moe  # noqa: F401
@@ -42,16 +45,15 @@ import workers.pipeline  # noqa: F401
 _PR_SET_PDEATHSIG = 1
 
 
-def forkrun_cmd(nproc: int, launch_args: list[str]) -> list[str]:
-    """The command line that runs `workers.launch launch_args` on `nproc` forked ranks."""
-    return [sys.executable, "-m", "tests.integration.workers.forkrun", "--nproc", str(nproc),
-            *launch_args]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def run_forked(*, nproc: int, specs: list[Path], out: Path, extra: list[str],
+               env: Mapping[str, str], cwd: Path,
+               timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs `workers.launch --out OUT --spec S... EXTRA` on `nproc` forked ranks, as the test
+    helpers' `torchrun` does under torchrun."""
+    cmd = [sys.executable, "-m", "tests.integration.workers.forkrun", "--nproc", str(nproc),
+           "--out", str(out), *(a for s in specs for a in ("--spec", str(s))), *extra]
+    return subprocess.run(cmd, cwd=cwd, env=dict(env), capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
@@ -70,7 +72,7 @@ def main(args: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     world, argv = int(args[1]), args[2:]
-    port = _free_port()
+    port = workers.env.free_port()
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}

@@ -58,11 +58,10 @@ def forkrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str] = (),
             timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """As `torchrun`, with the ranks forked from one process that imported torch once
     (forkrun.py): for launches where the training is under test, not the launcher."""
-    from tests.integration.workers.forkrun import forkrun_cmd
+    from tests.integration.workers.forkrun import run_forked
 
-    args = ["--out", str(out), *(a for s in specs for a in ("--spec", str(s))), *extra]
-    return subprocess.run(forkrun_cmd(nproc, args), cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return run_forked(nproc=nproc, specs=specs, out=out, extra=list(extra), env=_env(),
+                      cwd=REPO, timeout=timeout)
 
 
 def popen_torchrun(*, nproc: int, specs: list[Path], out: Path, extra: list[str] = (),

@@ -46,13 +46,11 @@ def forkrun(*, nproc: int, specs: list[Path], out: Path, steps: int | None = Non
             extra: list[str] = (), timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """As `torchrun`, with the ranks forked from one process that imported torch once
     (forkrun.py)."""
-    from tests.integration.workers.forkrun import forkrun_cmd
+    from tests.integration.workers.forkrun import run_forked
 
-    args = ["--out", str(out), *(a for s in specs for a in ("--spec", str(s)))]
-    if steps is not None:
-        args += ["--steps", str(steps)]
-    return subprocess.run(forkrun_cmd(nproc, [*args, *extra]), cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    steps_args = [] if steps is None else ["--steps", str(steps)]
+    return run_forked(nproc=nproc, specs=specs, out=out, extra=[*steps_args, *extra],
+                      env=_env(), cwd=REPO, timeout=timeout)
 
 
 def reference(*, specs: list[Path], out: Path, steps: int | None = None,
