@@ -178,7 +178,10 @@ class LocalWatch:
         if self._world is None or len(self._pids) > mon.world_size:
             mon.world_size = max(len(self._pids), 1)
         mon.observe(now_s=now, collectives=counts)
-        self._gone |= {r for r, pid in self._pids.items() if not _alive(pid)}
+        # A rank whose probe recorded its exit has left, even while its process still
+        # finalizes: a clean leaver can outlive (under load) the peer that then fails of it.
+        self._gone |= {r for r, pid in self._pids.items()
+                       if not _alive(pid) or isinstance(progress.get(r, {}).get("exited"), Mapping)}
         why = _exits({r: progress.get(r, {}) for r in self._gone})
         dead = _blame(why)
         live = [r for r in self._pids if r not in self._gone]

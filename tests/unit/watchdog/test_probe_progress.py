@@ -204,3 +204,26 @@ def test_ranks_killed_together_wait_for_the_launchers_first_failure(
     assert w._tick() is False
     now[0] = ROOT_CAUSE_WAIT_S + 1  # the launcher never said: both are named
     assert w._tick() is True and sorted(w.reports[0].culprit_ranks) == [0, 1]
+
+
+def test_a_rank_that_recorded_a_clean_exit_is_named_while_its_process_still_finalizes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 returned (its probe recorded exit 0) but its process is still tearing down when
+    rank 0 fails of it ("Connection closed by peer") and is gone: rank 1 is the one named."""
+    from orchestrator.watchdog import local_watch
+    from orchestrator.watchdog.local_watch import LocalWatch
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
+    watch = LocalWatch(["true"], out=tmp_path, policy=Watchdog(stall_timeout_s=30),
+                       clock=lambda: 1.0)
+    watch._monitor = HangMonitor.from_spec(watch.policy, world_size=2, now_s=0.0)
+    (tmp_path / "probe").mkdir()
+    marks = {"0": {"enqueued": 7, "completed": 6}}
+    probe_files.progress_path(tmp_path / "probe", 0).write_text(json.dumps(
+        {"pid": 2**22 + 12345, "collectives": marks,
+         "exited": {"error": "RuntimeError: Connection closed by peer"}}))
+    probe_files.progress_path(tmp_path / "probe", 1).write_text(json.dumps(
+        {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}},
+         "exited": {"error": None}}))
+    assert watch._tick() is True
+    assert [list(r.culprit_ranks) for r in watch.reports] == [[1]]
