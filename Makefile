@@ -4,12 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Tests that start no Ray cluster, no multi-process torch job and no browser run two at a time
-# (pytest-xdist, one module per worker); the others run one at a time after them: they keep
-# both cores busy on their own (Ray and torch processes), and two of them side by side were no
-# faster and more often late on their timeouts.
-PARALLEL_TESTS := tests/unit tests/integration/store tests/integration/api
-XDIST ?= -n 2 --dist loadfile
+# The suite runs on two pytest-xdist workers, one test module at a time each (a module's
+# fixtures, and a package's Ray cluster, start once per worker), taking modules in the order
+# tests/conftest.py sorts them: the folders with the longest tests first, the unit tests last
+# to fill in.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
 # them; where PYTHONDONTWRITEBYTECODE is set (this machine's default) nothing caches the
@@ -35,11 +34,7 @@ run: bytecode
 	$(VENV)/bin/meshyard serve --demo
 
 test: bytecode
-	status=0; \
-	$(PY) -m pytest $(XDIST) $(PARALLEL_TESTS) $(PYTEST_ARGS) || status=$$?; \
-	$(PY) -m pytest $(addprefix --ignore=,$(PARALLEL_TESTS)) --durations=30 $(PYTEST_ARGS) \
-		|| status=$$?; \
-	exit $$status
+	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 check: bytecode
 	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
