@@ -72,8 +72,9 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Folders with the longest tests first; each folder's modules, and each module's tests,
-    kept together and in order (a folder's package-scoped Ray cluster starts once), so a run
-    that fails on a slow module says so early."""
+    kept together and in order, so a run that fails on a slow module says so early. `make
+    test` hands whole modules to its two xdist workers in this order (a package-scoped Ray
+    cluster starts once in each worker that runs a module of that package)."""
     first: dict[Path, int] = {}
     rank: dict[Path, int] = {}
     for i, item in enumerate(items):
