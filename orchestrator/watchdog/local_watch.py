@@ -181,7 +181,7 @@ class LocalWatch:
         # A rank whose probe recorded its exit has left, even while its process still
         # finalizes: a clean leaver can outlive (under load) the peer that then fails of it.
         self._gone |= {r for r, pid in self._pids.items()
-                       if not _alive(pid) or isinstance(progress.get(r, {}).get("exited"), Mapping)}
+                       if not _alive(pid) or _recorded_exit(progress.get(r, {})) is not None}
         why = _exits({r: progress.get(r, {}) for r in self._gone})
         dead = _blame(why)
         live = [r for r in self._pids if r not in self._gone]
@@ -287,11 +287,17 @@ class LocalWatch:
                   f"(meshyard diagnose --fr {self.out / 'fr'} --logs {self.out / 'logs'})")
 
 
+def _recorded_exit(prog: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The exit a rank's probe recorded as its interpreter ended, or None."""
+    ex = prog.get("exited")
+    return ex if isinstance(ex, Mapping) else None
+
+
 def _exits(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
     """Why each ended rank is gone, from the exit its probe recorded."""
     why: dict[int, str] = {}
     for r, prog in progress.items():
-        ex = prog.get("exited") if isinstance(prog.get("exited"), Mapping) else None
+        ex = _recorded_exit(prog)
         if ex is None:
             why[r] = f"{_KILLED} (killed by a signal?)"
         elif ex.get("error"):

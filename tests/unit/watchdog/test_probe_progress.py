@@ -218,9 +218,8 @@ def test_a_rank_that_recorded_a_clean_exit_is_named_while_its_process_still_fina
                        clock=lambda: 1.0)
     watch._monitor = HangMonitor.from_spec(watch.policy, world_size=2, now_s=0.0)
     (tmp_path / "probe").mkdir()
-    marks = {"0": {"enqueued": 7, "completed": 6}}
     probe_files.progress_path(tmp_path / "probe", 0).write_text(json.dumps(
-        {"pid": 2**22 + 12345, "collectives": marks,
+        {"pid": 2**22 + 12345, "collectives": {"0": {"enqueued": 7, "completed": 6}},
          "exited": {"error": "RuntimeError: Connection closed by peer"}}))
     probe_files.progress_path(tmp_path / "probe", 1).write_text(json.dumps(
         {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}},
