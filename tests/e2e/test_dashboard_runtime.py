@@ -70,8 +70,11 @@ def faulty_job(name: str, fault: dict[str, Any], **watchdog: Any) -> dict[str, A
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with run_server(tmp_path_factory.mktemp("meshyard-e2e-rt"), scheduler=True,
                     extra_args=("--allow-fault-injection",),
+                    # The default pool, less its prestarted rank processes: this module's
+                    # user-code job is an uploaded package, which starts cold.
                     extra_env={"MESHYARD_USAGE_INTERVAL_S": "1",
-                               "MESHYARD_NODE_USAGE_INTERVAL_S": "2"}) as s:
+                               "MESHYARD_NODE_USAGE_INTERVAL_S": "2",
+                               "MESHYARD_WARM_POOL_USER_CODE": "0"}) as s:
         yield s
 
 

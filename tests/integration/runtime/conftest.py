@@ -112,8 +112,8 @@ def runtime(settings: Settings, store: Store) -> Iterator[Any]:
 
     # Cold starts: filling the default pool (one actor and one prestarted rank process per
     # node, each importing torch) for every test would cost ~8 torch imports a test; the
-    # pooled path has its own tests (test_warm_pool.py, the hang modules' warm_pool=3, and
-    # every `meshyard serve` test, which runs the default).
+    # pooled path has its own tests (test_warm_pool.py, the hang modules' warm_pool=3, the
+    # `meshyard serve` tests, and the browser and secrets tests, which run the default).
     rt = Runtime(settings, store, tick_s=0.2, warm_pool=0)
     rt.start()
     try:
@@ -149,10 +149,14 @@ def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 
 
 def start_serve(data_dir: Path, *, token: str, address: str, cluster_file: Path,
                 extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """A real `meshyard serve` subprocess on a free port joined to `address`."""
+    """A real `meshyard serve` subprocess on a free port joined to `address`, with the
+    default warm pool (one actor per node) but no prestarted user-code rank process in it:
+    the callers run built-in jobs only, so those processes (each importing torch) would
+    never be used."""
     data_dir.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "meshyard"
-    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+               MESHYARD_WARM_POOL_USER_CODE="0")
     log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
         [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--ray-address", address,

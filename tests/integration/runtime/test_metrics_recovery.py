@@ -28,7 +28,10 @@ def _serve_embedded(data_dir: Path) -> subprocess.Popen[bytes]:
     data_dir.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "meshyard"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "RAY_"))}
-    env.update(MESHYARD_ADMIN_TOKEN=TOKEN, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    # The embedded default pool, less its prestarted user-code rank processes (a built-in job
+    # never uses them).
+    env.update(MESHYARD_ADMIN_TOKEN=TOKEN, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+               MESHYARD_WARM_POOL_USER_CODE="0")
     log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen([str(exe), "serve", "--port", "0", "--data-dir", str(data_dir),
                              "--no-access-log", "--allow-fault-injection"],
