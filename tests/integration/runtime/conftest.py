@@ -113,7 +113,8 @@ def runtime(settings: Settings, store: Store) -> Iterator[Any]:
     # Cold starts: filling the default pool (one actor and one prestarted rank process per
     # node, each importing torch) for every test would cost ~8 torch imports a test; the
     # pooled path has its own tests (test_warm_pool.py, the hang modules' warm_pool=3, the
-    # `meshyard serve` tests, and the browser and secrets tests, which run the default).
+    # `meshyard serve` and browser runtime tests, whose pools keep no prestarted rank
+    # process, and the secrets and `make run` tests, which run the full default).
     rt = Runtime(settings, store, tick_s=0.2, warm_pool=0)
     rt.start()
     try:
