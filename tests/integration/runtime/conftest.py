@@ -148,21 +148,29 @@ def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 
                     what="/".join(states))
 
 
-def start_serve(data_dir: Path, *, token: str, address: str, cluster_file: Path,
+def start_serve(data_dir: Path, *, token: str, address: str | None = None,
+                cluster_file: Path | None = None,
                 extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """A real `meshyard serve` subprocess on a free port joined to `address`, with the
-    default warm pool (one actor per node) but no prestarted user-code rank process in it:
-    the callers run built-in jobs only, so those processes (each importing torch) would
-    never be used."""
+    """A real `meshyard serve` subprocess on a free port, in its own session (its process
+    group is it and what it started). Joined to the Ray cluster at `address`, or with
+    `address` None on its embedded defaults: its own local Ray and none of this process's
+    MESHYARD_* / RAY_* settings. Its warm pool is the default one, without the prestarted
+    user-code rank process: the callers run built-in jobs only, so those processes (each
+    importing torch) would never be used."""
     data_dir.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "meshyard"
-    env = dict(os.environ, MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+    env = {k: v for k, v in os.environ.items()
+           if address is not None or not k.startswith(("MESHYARD_", "RAY_"))}
+    env.update(MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                MESHYARD_WARM_POOL_USER_CODE="0")
+    args = [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--no-access-log"]
+    if address is not None:
+        args += ["--ray-address", address]
+    if cluster_file is not None:
+        args += ["--cluster-file", str(cluster_file)]
     log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir), "--ray-address", address,
-         "--cluster-file", str(cluster_file), "--no-access-log", *extra],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([*args, *extra], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def stop_serve(proc: subprocess.Popen[bytes], *, timeout_s: float = 30) -> None:

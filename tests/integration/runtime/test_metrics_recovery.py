@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,25 +17,14 @@ import pytest
 
 from api.client import MeshyardClient
 from orchestrator.store import open_store
-from tests.integration.runtime.conftest import serve_url, stop_serve, tiny_spec
+from tests.integration.runtime.conftest import serve_url, start_serve, stop_serve, tiny_spec
 
 TOKEN = "metrics-recovery-admin-token"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 def _serve_embedded(data_dir: Path) -> subprocess.Popen[bytes]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    exe = Path(sys.executable).parent / "meshyard"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "RAY_"))}
-    # The embedded default pool, less its prestarted user-code rank processes (a built-in job
-    # never uses them).
-    env.update(MESHYARD_ADMIN_TOKEN=TOKEN, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               MESHYARD_WARM_POOL_USER_CODE="0")
-    log = open(data_dir / "serve.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([str(exe), "serve", "--port", "0", "--data-dir", str(data_dir),
-                             "--no-access-log", "--allow-fault-injection"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return start_serve(data_dir, token=TOKEN, extra=("--allow-fault-injection",))
 
 
 def _wait(client: MeshyardClient, job_id: str, pred: Any, timeout_s: float = 240) -> Any:
