@@ -4,7 +4,8 @@ NVML (nvidia-ml-py, the optional `meshyard[nvml]` extra): without it, or on a no
 driver, the GPU fields are None.
 
 The worker actor samples its process at most every `min_interval_s` when the controller polls
-it; the runtime samples every node with a task pinned there (orchestrator/runtime/usage.py).
+it; the runtime samples every node through one long-lived `NodeSampler` actor pinned there
+(orchestrator/runtime/usage.py).
 """
 
 from __future__ import annotations
@@ -87,14 +88,30 @@ class ProcessSampler:
                 "gpu_mem_total_bytes": gpu["mem_total_bytes"] if gpu else None}
 
 
-def node_sample(node: str, *, nvml_module: Any | None = None,
-                cpu_window_s: float = 0.5) -> dict[str, Any]:
-    """The node this runs on, as a NodeUsage row: CPU % over `cpu_window_s`, memory in use,
-    and every GPU NVML sees."""
-    cpu = psutil.cpu_percent(interval=cpu_window_s)
-    mem = psutil.virtual_memory()
-    nvml = Nvml(module=nvml_module)
-    gpus = [g for i in range(nvml.count()) if (g := nvml.gpu(i)) is not None]
-    return {"node": node, "at": time.time(), "cpu_percent": cpu,
-            "mem_used_bytes": int(mem.total - mem.available),
-            "mem_total_bytes": int(mem.total), "gpus": gpus}
+class NodeSampler:
+    """Samples of the node this process runs on (CPU %, memory in use, every GPU NVML sees),
+    for a process that lives across samples: NVML is opened once, and a sample's CPU % covers
+    the time since the previous sample (the first one's, `cpu_window_s`).
+
+    >>> s = NodeSampler(nvml=Nvml(module=object()), cpu_window_s=0.01)
+    >>> sorted(s.sample("n1"))
+    ['at', 'cpu_percent', 'gpus', 'mem_total_bytes', 'mem_used_bytes', 'node']
+    """
+
+    def __init__(self, *, nvml: Nvml | None = None, cpu_window_s: float = 0.5) -> None:
+        self._nvml = nvml if nvml is not None else Nvml()
+        self._cpu_window_s = cpu_window_s
+        self._started = False
+
+    def sample(self, node: str) -> dict[str, Any]:
+        """One NodeUsage row for `node` (the name the store knows this node by)."""
+        if self._started:
+            cpu = psutil.cpu_percent(interval=None)  # since the previous call in this process
+        else:
+            cpu = psutil.cpu_percent(interval=self._cpu_window_s)
+            self._started = True
+        mem = psutil.virtual_memory()
+        gpus = [g for i in range(self._nvml.count()) if (g := self._nvml.gpu(i)) is not None]
+        return {"node": node, "at": time.time(), "cpu_percent": cpu,
+                "mem_used_bytes": int(mem.total - mem.available),
+                "mem_total_bytes": int(mem.total), "gpus": gpus}

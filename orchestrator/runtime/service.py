@@ -44,7 +44,7 @@ from orchestrator.runtime.pool import ensure_pool, find_pool
 from orchestrator.runtime.sandbox import ConfinedStarter
 from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.runtime.spares import SpareControllers
-from orchestrator.runtime.usage import sample_nodes
+from orchestrator.runtime.usage import NodeSamplers
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
@@ -197,6 +197,7 @@ class Runtime:
         self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
         self.scheduler: Scheduler | None = None
         self.spares: SpareControllers | None = None
+        self.samplers = NodeSamplers()  # the usage loop's, per node (runtime/usage.py)
         self.poller = Poller(self.store, launching=self._launching,
                              health_policy=settings.health_policy(),
                              runs_dir=Path(settings.resolved_runs_dir).resolve())
@@ -265,6 +266,8 @@ class Runtime:
         self._loops = []
         if self.spares is not None and ray.is_initialized():
             self.spares.close()
+        if ray.is_initialized():
+            self.samplers.close()
         if self.warm_pool > 0 and ray.is_initialized():
             self._drain_pool()
         if self.elector is not None:
@@ -323,7 +326,9 @@ class Runtime:
 
     def _usage_pass(self) -> None:
         if self.is_leader:
-            sample_nodes(self.store, retention_s=self.settings.usage_retention_s)
+            self.samplers.sample(self.store, retention_s=self.settings.usage_retention_s)
+        else:
+            self.samplers.close()  # a standby samples nothing: its actors would only idle
 
     # -- nodes ----------------------------------------------------------------------------
     def register_nodes(self) -> None:

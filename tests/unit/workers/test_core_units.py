@@ -240,8 +240,10 @@ class _FakeNvml:
     class NVMLError(Exception):
         pass
 
+    inits = 0
+
     def nvmlInit(self) -> None:
-        pass
+        self.inits += 1
 
     def nvmlDeviceGetCount(self) -> int:
         return 2
@@ -259,7 +261,7 @@ class _FakeNvml:
 
 
 def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
-    from workers.usage import Nvml, ProcessSampler, node_sample
+    from workers.usage import NodeSampler, Nvml, ProcessSampler
 
     nvml = Nvml(module=_FakeNvml())
     s = ProcessSampler(gpu_index=1, nvml=nvml, min_interval_s=60)
@@ -268,9 +270,14 @@ def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
     assert (first["gpu_util"], first["gpu_mem_bytes"]) == (71.0, 2 * 2**30)
     assert s.sample() is None  # within the sampling interval
     assert nvml.gpu(5) is None  # an error is a missing field, never an exception
-    node = node_sample("n1", nvml_module=_FakeNvml(), cpu_window_s=0.01)
+    fake = _FakeNvml()
+    sampler = NodeSampler(nvml=Nvml(module=fake), cpu_window_s=0.01)
+    node = sampler.sample("n1")
     assert [g["util"] for g in node["gpus"]] == [70.0, 71.0]
     assert node["mem_total_bytes"] > node["mem_used_bytes"] > 0
+    again = sampler.sample("n1")  # the CPU % since the first sample, without a new window
+    assert again["at"] >= node["at"] and 0.0 <= again["cpu_percent"] <= 100.0
+    assert fake.inits == 1  # NVML opened once for the sampler's life
     cpu_only = ProcessSampler(gpu_index=None, min_interval_s=0).sample()
     assert cpu_only is not None and cpu_only["gpu_util"] is None
 
