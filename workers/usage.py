@@ -91,7 +91,8 @@ class ProcessSampler:
 class NodeSampler:
     """Samples of the node this process runs on (CPU %, memory in use, every GPU NVML sees),
     for a process that lives across samples: NVML is opened once, and a sample's CPU % covers
-    the time since the previous sample (the first one's, `cpu_window_s`).
+    the time since the previous sample, at least `cpu_window_s` (a sample that follows the
+    previous one sooner waits out the rest of the window).
 
     >>> s = NodeSampler(nvml=Nvml(module=object()), cpu_window_s=0.01)
     >>> sorted(s.sample("n1"))
@@ -101,15 +102,18 @@ class NodeSampler:
     def __init__(self, *, nvml: Nvml | None = None, cpu_window_s: float = 0.5) -> None:
         self._nvml = nvml if nvml is not None else Nvml()
         self._cpu_window_s = cpu_window_s
-        self._started = False
+        self._last: float | None = None  # monotonic time of the previous CPU reading
 
     def sample(self, node: str) -> dict[str, Any]:
         """One NodeUsage row for `node` (the name the store knows this node by)."""
-        if self._started:
-            cpu = psutil.cpu_percent(interval=None)  # since the previous call in this process
-        else:
+        if self._last is None:
             cpu = psutil.cpu_percent(interval=self._cpu_window_s)
-            self._started = True
+        else:
+            short = self._cpu_window_s - (time.monotonic() - self._last)
+            if short > 0:
+                time.sleep(short)
+            cpu = psutil.cpu_percent(interval=None)  # since the previous call in this process
+        self._last = time.monotonic()
         mem = psutil.virtual_memory()
         gpus = [g for i in range(self._nvml.count()) if (g := self._nvml.gpu(i)) is not None]
         return {"node": node, "at": time.time(), "cpu_percent": cpu,

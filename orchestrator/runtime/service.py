@@ -142,11 +142,12 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
 
 class _Loop:
     """A daemon thread calling `fn` every `interval_s` until stopped (the first call after
-    `start_after_s`); errors are logged."""
+    `start_after_s`); errors are logged. `pokeable`: Runtime.poke() runs it at once."""
 
     def __init__(self, name: str, fn: Callable[[], Any], interval_s: float, *,
-                 start_after_s: float = 0.0) -> None:
+                 start_after_s: float = 0.0, pokeable: bool = True) -> None:
         self._fn, self._interval, self._start_after = fn, interval_s, start_after_s
+        self.pokeable = pokeable
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -251,7 +252,7 @@ class Runtime:
         if self.settings.node_usage_interval_s > 0:
             every = self.settings.node_usage_interval_s
             self._loops.append(_Loop("meshyard-usage", self._usage_pass, every,
-                                     start_after_s=every))
+                                     start_after_s=every, pokeable=False))
         for loop in self._loops:
             loop.start()
         if self.elector is not None:
@@ -336,10 +337,12 @@ class Runtime:
         register_nodes(self.store, self.topology)
 
     def poke(self) -> None:
-        """Runs the loops now: a submission through the API calls it, so the job is placed
-        without waiting for the scheduler's next tick."""
+        """Runs the scheduler and poller loops now: a submission through the API calls it, so
+        the job is placed without waiting for the scheduler's next tick (node usage keeps its
+        own interval)."""
         for loop in self._loops:
-            loop.poke()
+            if loop.pokeable:
+                loop.poke()
 
     def _drain_pool(self) -> None:
         """Kills the pool's idle actors and stops its refilling (leased ones finish their
