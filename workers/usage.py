@@ -102,17 +102,15 @@ class NodeSampler:
     def __init__(self, *, nvml: Nvml | None = None, cpu_window_s: float = 0.5) -> None:
         self._nvml = nvml if nvml is not None else Nvml()
         self._cpu_window_s = cpu_window_s
-        self._last: float | None = None  # monotonic time of the previous CPU reading
+        psutil.cpu_percent(interval=None)  # starts the first window
+        self._last = time.monotonic()  # when the current window started
 
     def sample(self, node: str) -> dict[str, Any]:
         """One NodeUsage row for `node` (the name the store knows this node by)."""
-        if self._last is None:
-            cpu = psutil.cpu_percent(interval=self._cpu_window_s)
-        else:
-            short = self._cpu_window_s - (time.monotonic() - self._last)
-            if short > 0:
-                time.sleep(short)
-            cpu = psutil.cpu_percent(interval=None)  # since the previous call in this process
+        short = self._cpu_window_s - (time.monotonic() - self._last)
+        if short > 0:
+            time.sleep(short)
+        cpu = psutil.cpu_percent(interval=None)  # since the previous call in this process
         self._last = time.monotonic()
         mem = psutil.virtual_memory()
         gpus = [g for i in range(self._nvml.count()) if (g := self._nvml.gpu(i)) is not None]

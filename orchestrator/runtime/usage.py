@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -30,8 +31,6 @@ class _SamplerActor:
         self._sampler = NodeSampler()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     def sample(self, node: str) -> dict[str, Any]:
@@ -93,7 +92,9 @@ class NodeSamplers:
 
     def pids(self) -> dict[str, int]:
         """{node id: the process id of its sampler}."""
-        return {nid: ray.get(a.pid.remote(), timeout=30) for nid, a in self._actors.items()}
+        nids = list(self._actors)
+        pids = ray.get([self._actors[nid].pid.remote() for nid in nids], timeout=30)
+        return dict(zip(nids, pids, strict=True))
 
     def close(self) -> None:
         for nid in list(self._actors):
