@@ -88,6 +88,7 @@ class FaultKind(StrEnum):
     P2P_STALL = "p2p_stall"
     USER_HANG = "user_hang"
     SLOW_SEND = "slow_send"  # rank R's pre-flight sends start `seconds` late
+    SLOW_SAVE = "slow_save"  # rank R spends `seconds` more in the checkpoint save after step S
     NIC_HANG = "nic_hang"  # a hang with a NIC error in the rank's log (hardware evidence)
 
 
@@ -358,6 +359,11 @@ class Watchdog(_Frozen):
     first_step_timeout_s: float | None = Field(
         default=None, gt=0, le=86400, description="Stall threshold before the first step."
     )
+    checkpoint_timeout_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="Stall threshold while a rank saves or loads a checkpoint; null: the "
+        "first-step threshold.",
+    )
     action: WatchdogAction = Field(
         default=WatchdogAction.OBSERVE, description="On a hang: observe, restart or fail."
     )
@@ -397,7 +403,8 @@ class InjectFault(_Frozen):
     rank: int = Field(ge=0, lt=lim.MAX_WORLD_SIZE, description="Global rank that misbehaves.")
     step: int = Field(default=1, ge=0, le=lim.MAX_STEPS,
         description="Step at which the fault fires.")
-    seconds: float = Field(default=1.0, ge=0, le=3600, description="Sleep per step for `slow`.")
+    seconds: float = Field(default=1.0, ge=0, le=3600, description="Sleep per step for `slow`, per "
+                           "send for `slow_send`, once for `slow_save`.")
     attempt: int | None = Field(
         default=1, ge=1, le=1001,
         description="Only inject in this attempt number (null: every attempt).",

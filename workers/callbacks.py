@@ -58,7 +58,10 @@ class CollectiveSeq:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Where one rank is. ``step`` is the step being run (1-based; 0 during setup)."""
+    """Where one rank is. ``step`` is the step being run (1-based; 0 during setup).
+    ``start_step`` is the step the run resumed from (0 on a fresh start): the steps up to it
+    were completed by an earlier attempt, so running ``start_step + 1`` shows none completed
+    by this one."""
 
     rank: int
     step: int
@@ -67,6 +70,7 @@ class Heartbeat:
     phase_since: float
     collectives: dict[str, CollectiveSeq] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)
+    start_step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

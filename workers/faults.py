@@ -34,6 +34,10 @@ activations. What each kind looks like to the hang watchdog (heartbeats + Flight
 * ``slow_send`` — rank R's pre-flight sends start ``seconds`` late (every attempt it fires
   in): its receiver's p2p timing is far below its peers', so the pre-flight check fails the
   attempt before step 1 naming R, and R's node is cordoned and routed around.
+* ``slow_save`` — rank R sleeps ``seconds`` in the checkpoint phase after step S, before
+  the save (a large model on a slow filesystem): the heartbeat's phase is ``checkpoint``, and
+  at a save step its peers wait for it inside the save's collectives. Not a hang: the
+  watchdog holds a save to ``watchdog.checkpoint_timeout_s``, not to the stall threshold.
 * ``p2p_stall`` — pipeline stage rank R never sends at step S (blocks in
   ``_p2p_stall_forever``); its peer waits in recv. Verdict: P2P_MISMATCH.
 
@@ -148,6 +152,14 @@ class FaultInjector:
                   f"at step {step}", file=sys.stderr, flush=True)
             return CollectiveAction.MISMATCH
         return CollectiveAction.RUN
+
+    def before_checkpoint(self, step: int) -> None:
+        """Checkpoint hook: called after step ``step``, in the checkpoint phase."""
+        f = self.fault
+        if f is not None and self._is(FaultKind.SLOW_SAVE, step):
+            print(f"[meshyard fault] slow_save: rank {self.rank} saves {f.seconds:g} s late "
+                  f"after step {step}", file=sys.stderr, flush=True)
+            time.sleep(f.seconds)
 
     def before_send(self) -> None:
         """Pre-flight hook: called just before this rank posts a send."""

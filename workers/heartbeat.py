@@ -22,6 +22,7 @@ class Progress:
 
     def __init__(self) -> None:
         self.step = 0
+        self.start_step = 0  # the checkpoint's step this run resumed from
         self.phase = Phase.SETUP
         self.since = time.time()
         # Per group, a collective seq known to be completed (see settle_collectives).
@@ -91,7 +92,7 @@ def dump_flight_recorder(path: Path) -> bool:
 
 def make_heartbeat(progress: Progress, *, rank: int) -> Heartbeat:
     return Heartbeat(rank=rank, step=progress.step, phase=progress.phase, time=time.time(),
-                     phase_since=progress.since,
+                     phase_since=progress.since, start_step=progress.start_step,
                      collectives=collective_seqs(progress.completed_floor))
 
 

@@ -252,6 +252,7 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
            stop_event: threading.Event | None) -> TrainingResult:
     run.progress.enter(Phase.CHECKPOINT)
     start = ckpt.load_latest()
+    run.progress.start_step = start
     if start:
         run.callbacks.on_log("INFO", f"resumed from checkpoint at step {start}"
                              + ("" if ckpt.rng_restored else " (no RNG state saved: reseeded)")
@@ -280,6 +281,7 @@ def _train(run: _Run, *, ckpt: Checkpointer, total: int,
             for r in rows:
                 run.callbacks.on_step(r)
         run.progress.enter(Phase.CHECKPOINT)
+        run.faults.before_checkpoint(step)
         # A stop (cancel / preemption) saves where it is, so a later attempt resumes there.
         saved = ckpt.maybe_save(step, final=step == total or stopped)
         settle_first = synced or saved or run.clip_communicates

@@ -146,6 +146,7 @@ class RankStatus:
     bundle: int | None = None
     state: RankState = RankState.STARTING
     step: int | None = None
+    start_step: int = 0  # the checkpoint's step the rank resumed from (0: a fresh start)
     phase: str | None = None
     last_heartbeat: float | None = None  # the worker's own clock (unix seconds)
 

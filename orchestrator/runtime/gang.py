@@ -56,10 +56,10 @@ def _bundle_gpus() -> list[int]:
 @dataclass(frozen=True)
 class Drained:
     """One tick's poll of every live worker: metrics rows, log lines, per-rank updates
-    (RankStatus fields: state, step, phase, last_heartbeat, pid), utilisation samples (at
-    most one per rank per `usage_interval_s`), rank 0's completed checkpoints, and per rank of
-    a user-code job the count of collectives its probe last saw enqueued (its progress when
-    it reports no step)."""
+    (RankStatus fields: state, step, start_step, phase, last_heartbeat, pid), utilisation
+    samples (at most one per rank per `usage_interval_s`), rank 0's completed checkpoints, and
+    per rank of a user-code job the count of collectives its probe last saw enqueued (its
+    progress when it reports no step)."""
 
     metrics: tuple[dict[str, Any], ...] = ()
     logs: tuple[dict[str, Any], ...] = ()
@@ -307,7 +307,8 @@ class WorkerGang:
                 if isinstance(hb.get("collective_count"), int):
                     collectives[r] = int(hb["collective_count"])
                 upd.update(step=hb.get("step"), phase=hb.get("phase"),
-                           last_heartbeat=hb.get("time"), pid=hb.get("pid"))
+                           last_heartbeat=hb.get("time"), pid=hb.get("pid"),
+                           start_step=int(hb.get("start_step") or 0))
             elif r in self._last_step:
                 upd["step"] = self._last_step[r]
             ranks[r] = upd

@@ -4,7 +4,9 @@ Pure module. Policies return decisions; the controller acts on them. Nothing her
 odd input: an empty history gives the floor threshold, a missing heartbeat is "silent".
 
 Stall rule: stalled when no rank's step advanced for max(floor, k × p95 step time);
-before the first step the longer `first_step_timeout_s` applies (model build, compile, data).
+before the first step the longer `first_step_timeout_s` applies (model build, compile, data),
+and while a rank saves or loads a checkpoint `checkpoint_timeout_s` does (the time since it
+began counts, not the time since the last step).
 Straggler rule: step times even out under all-reduce (everyone waits for the slowest), so a
 straggler is found by TIME-TO-ENTER each collective: the rank that is persistently the last to
 enqueue, by a margin, is the one making the others wait.
@@ -26,15 +28,19 @@ class StallPolicy:
     floor_s: float = 12.0
     k: float = 5.0
     first_step_timeout_s: float = 300.0
+    checkpoint_timeout_s: float = 300.0
     heartbeat_timeout_s: float = 15.0
     window: int = 200  # step times kept for the p95
 
     @staticmethod
     def fixed(stall_timeout_s: float, first_step_timeout_s: float | None = None,
-              heartbeat_timeout_s: float | None = None) -> StallPolicy:
-        """A spec that sets `watchdog.stall_timeout_s` turns the adaptive part off (k=0)."""
-        return StallPolicy(floor_s=stall_timeout_s, k=0.0,
-                           first_step_timeout_s=first_step_timeout_s or 10 * stall_timeout_s,
+              heartbeat_timeout_s: float | None = None,
+              checkpoint_timeout_s: float | None = None) -> StallPolicy:
+        """A spec that sets `watchdog.stall_timeout_s` turns the adaptive part off (k=0).
+        The first step and a checkpoint default to 10 × the stall threshold."""
+        first = first_step_timeout_s or 10 * stall_timeout_s
+        return StallPolicy(floor_s=stall_timeout_s, k=0.0, first_step_timeout_s=first,
+                           checkpoint_timeout_s=checkpoint_timeout_s or first,
                            heartbeat_timeout_s=heartbeat_timeout_s or stall_timeout_s)
 
 
@@ -47,12 +53,14 @@ class RankProgress:
     step_changed_s: float | None  # when `step` last advanced
     heartbeat_s: float | None  # last heartbeat received
     alive: bool = True  # False once the process is known to have exited
+    checkpoint_s: float | None = None  # since when it saves or loads a checkpoint, if it does
+    checkpoint_done_s: float | None = None  # when it last finished one (progress, like a step)
 
 
 @dataclass(frozen=True)
 class StallDecision:
     stalled: bool
-    reason: str  # "" | "stall" | "first_step"
+    reason: str  # "" | "stall" | "first_step" | "checkpoint"
     idle_s: float
     threshold_s: float
     dead_ranks: tuple[int, ...] = ()
@@ -81,21 +89,25 @@ def stall_threshold(policy: StallPolicy, step_times: Sequence[float]) -> float:
 def evaluate_stall(policy: StallPolicy, *, now_s: float, started_s: float,
                    ranks: Sequence[RankProgress], step_times: Sequence[float]) -> StallDecision:
     """Decide whether the job is stalled now. Example: floor 12 s, p95 1 s, k 5 → threshold
-    12 s; a job whose newest step change was 13 s ago is stalled ("stall")."""
+    12 s; a job whose newest step change was 13 s ago is stalled ("stall"). Had a rank begun
+    a checkpoint save 5 s ago, it would be held to `checkpoint_timeout_s` from then."""
     dead = tuple(sorted(r.rank for r in ranks if not r.alive))
     silent = tuple(sorted(
         r.rank for r in ranks
         if r.alive and now_s - (r.heartbeat_s if r.heartbeat_s is not None else started_s)
         > policy.heartbeat_timeout_s))
     changes = [r.step_changed_s for r in ranks if r.step is not None and r.step_changed_s]
+    saving = [r.checkpoint_s for r in ranks if r.alive and r.checkpoint_s is not None]
     if not changes:
-        idle = max(0.0, now_s - started_s)
-        thr = policy.first_step_timeout_s
-        return StallDecision(stalled=idle > thr, reason="first_step" if idle > thr else "",
-                             idle_s=idle, threshold_s=thr, dead_ranks=dead, silent_ranks=silent)
-    idle = max(0.0, now_s - max(changes))
-    thr = stall_threshold(policy, step_times)
-    return StallDecision(stalled=idle > thr, reason="stall" if idle > thr else "", idle_s=idle,
+        since, thr, reason = started_s, policy.first_step_timeout_s, "first_step"
+    else:
+        since, thr, reason = max(changes), stall_threshold(policy, step_times), "stall"
+    done = [r.checkpoint_done_s for r in ranks if r.checkpoint_done_s is not None]
+    since = max([since, *done, *saving])
+    if saving and policy.checkpoint_timeout_s > thr:
+        thr, reason = policy.checkpoint_timeout_s, "checkpoint"
+    idle = max(0.0, now_s - since)
+    return StallDecision(stalled=idle > thr, reason=reason if idle > thr else "", idle_s=idle,
                          threshold_s=thr, dead_ranks=dead, silent_ranks=silent)
 
 

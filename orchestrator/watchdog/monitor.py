@@ -49,6 +49,9 @@ class Due:
 
     def describe(self) -> str:
         d = self.decision
+        if d.stalled and d.reason == "checkpoint":
+            return (f"a checkpoint save or load ran for {d.idle_s:.1f} s "
+                    f"(threshold {d.threshold_s:.1f} s)")
         if d.stalled:
             first = d.reason == "first_step"
             what = (("first step" if first else "step") if self.progress == "step"
@@ -79,6 +82,12 @@ class _Rank:
     heartbeat_s: float | None = None
     collectives: int | None = None
     collectives_changed_s: float | None = None
+    checkpoint_s: float | None = None  # first seen in the checkpoint phase (still in it)
+    checkpoint_done_s: float | None = None  # last seen leaving it
+
+
+# The phase a rank's heartbeat names while it saves or loads a checkpoint (workers' Phase).
+CHECKPOINT_PHASE = "checkpoint"
 
 
 @dataclass
@@ -112,9 +121,12 @@ class HangMonitor:
             # Heartbeats come every second but a loaded host delays them by seconds: a silent
             # rank is one quiet for the stall threshold and at least 15 s.
             policy = StallPolicy.fixed(float(stall), float(first) if first else None,
-                                       heartbeat_timeout_s=max(float(stall), 15.0))
+                                       heartbeat_timeout_s=max(float(stall), 15.0),
+                                       checkpoint_timeout_s=watchdog.checkpoint_timeout_s)
         else:
-            policy = StallPolicy() if not first else StallPolicy(first_step_timeout_s=float(first))
+            first_s = float(first) if first else StallPolicy.first_step_timeout_s
+            policy = StallPolicy(first_step_timeout_s=first_s,
+                                 checkpoint_timeout_s=watchdog.checkpoint_timeout_s or first_s)
         return cls(world_size=world_size, started_s=now_s, policy=policy,
                    action=watchdog.action, probe_interval_s=probe_interval_s)
 
@@ -124,7 +136,8 @@ class HangMonitor:
                 collectives: Mapping[int, int] | None = None) -> None:
         """One tick's drain: metrics rows (rank, step, step_time_s), per-rank updates
         (`last_heartbeat`: the worker's own timestamp; a new value is a new heartbeat;
-        `step`: the step the rank is running, so the one before it is complete) and per-rank
+        `step`: the step the rank is running, so the one before it is complete, unless it is
+        `start_step`, the checkpoint's step a resumed rank started from) and per-rank
         collective counts (user code). Metrics rows arrive in batches at the loop's sync steps
         (workers/stepsync.py); the heartbeat's step shows progress in between."""
         for row in metrics:
@@ -141,9 +154,11 @@ class HangMonitor:
             st = self._ranks.setdefault(int(r), _Rank())
             if hb is not None and hb != st.heartbeat:
                 st.heartbeat, st.heartbeat_s = hb, now_s
-            running = upd.get("step")
-            if hb is not None and isinstance(running, int) and running > 1:
+            running, start = upd.get("step"), upd.get("start_step") or 0
+            if hb is not None and isinstance(running, int) and running - 1 > int(start):
                 self._advance(int(r), running - 1, now_s)
+            if hb is not None and "phase" in upd:
+                self._phase(st, upd.get("phase"), now_s)
         for r, count in (collectives or {}).items():
             st = self._ranks.setdefault(int(r), _Rank())
             if st.collectives is None or count > st.collectives:
@@ -154,6 +169,16 @@ class HangMonitor:
                     self._reported_episode = False
                     self._probe_steps += 1
         del self._collective_gaps[:-self.policy.window]
+
+    def _phase(self, st: _Rank, phase: Any, now_s: float) -> None:
+        """A save or load runs from the first heartbeat that shows it; leaving it is progress
+        (a new stall after it is a new episode)."""
+        if phase == CHECKPOINT_PHASE:
+            if st.checkpoint_s is None:
+                st.checkpoint_s = now_s
+        elif st.checkpoint_s is not None:
+            st.checkpoint_s, st.checkpoint_done_s = None, now_s
+            self._reported_episode = False
 
     def _advance(self, rank: int, completed: int, now_s: float) -> None:
         st = self._ranks.setdefault(rank, _Rank())
@@ -183,7 +208,9 @@ class HangMonitor:
         progress = [RankProgress(rank=r, step=st.step if by_step else st.collectives,
                                  step_changed_s=st.step_changed_s if by_step
                                  else st.collectives_changed_s,
-                                 heartbeat_s=st.heartbeat_s, alive=r not in dead)
+                                 heartbeat_s=st.heartbeat_s, alive=r not in dead,
+                                 checkpoint_s=st.checkpoint_s,
+                                 checkpoint_done_s=st.checkpoint_done_s)
                     for r in range(self.world_size)
                     for st in [self._ranks.get(r, _Rank())]]
         return evaluate_stall(self.policy, now_s=now_s, started_s=self.started_s,

@@ -272,6 +272,23 @@ def test_restart_action_resumes_from_checkpoint(env) -> None:
     assert any("resumed from checkpoint at step 2" in line for line in logs)
 
 
+def test_a_checkpoint_save_longer_than_the_stall_threshold_is_not_a_hang(env) -> None:
+    """Rank 0 spends 8 s in the save after step 2 (its peer waits inside the save's
+    collectives), over twice the 3 s stall threshold: the save's own threshold applies, so
+    the job runs on with no report."""
+    _, store = env
+    spec = hang_spec("slow-save", world=2, steps=4,
+                     fault={"kind": "slow_save", "rank": 0, "step": 2, "seconds": 8})
+    spec["checkpoint"] = {"enabled": True, "every_steps": 2, "async_save": False}
+    job_id = submit(store, spec)
+    job = terminal(store, job_id)
+    assert job.state == JobState.SUCCEEDED, job.message
+    assert [a.state for a in store.list_attempts(job_id)] == ["SUCCEEDED"]
+    assert store.list_diagnoses(job_id) == []
+    logs = [x.line for x in store.list_logs(job_id, rank=0, limit=5000)]
+    assert any("slow_save: rank 0 saves 8 s late after step 2" in line for line in logs), logs
+
+
 def test_a_pool_without_user_code_keeps_no_prestarted_rank_process(env):
     """warm_pool_user_code off: the pooled actors hold torch but no rank process of their
     own (each would be another interpreter with torch imported)."""

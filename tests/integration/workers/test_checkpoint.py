@@ -24,6 +24,7 @@ from tests.integration.workers.launch_helpers import (
     assert_ok,
     assert_parity,
     forkrun,
+    heartbeat,
     metrics,
     reference,
     torchrun,
@@ -91,6 +92,8 @@ def test_resume_restores_each_ranks_rng_so_dropout_continues_the_same(tmp_path: 
     assert_ok(forkrun(nproc=2, specs=[spec("b", "cut", 6)], out=out / "cut"))
     log = (out / "cut" / "logs" / "rank_0.log").read_text()
     assert "resumed from checkpoint at step 3" in log and "reseeded" not in log
+    # Each rank's heartbeat says where it resumed: the watchdog's first-step rule needs it.
+    assert [heartbeat(out / "cut", r)["start_step"] for r in (0, 1)] == [3, 3]
     want = {m["step"]: m["loss"] for m in metrics(out / "straight")}
     got = {m["step"]: m["loss"] for m in metrics(out / "cut")}
     assert sorted(got) == list(range(1, 7))

@@ -73,7 +73,45 @@ def test_dead_and_silent_ranks() -> None:
 def test_fixed_policy_from_spec() -> None:
     p = StallPolicy.fixed(3.0)
     assert (p.floor_s, p.k, p.first_step_timeout_s) == (3.0, 0.0, 30.0)
+    assert p.checkpoint_timeout_s == 30.0  # like the first step unless given
+    assert StallPolicy.fixed(3.0, 120.0, checkpoint_timeout_s=600.0).checkpoint_timeout_s == 600
     assert stall_threshold(p, [100.0] * 10) == 3.0
+
+
+def test_a_checkpoint_save_is_held_to_its_own_threshold_from_its_start() -> None:
+    """Ranks stepped last at 40 and began a save at 50: the checkpoint threshold (300 s)
+    runs from 50, not the stall one (10 s) from 40."""
+    rs = [RankProgress(rank=r, step=7, step_changed_s=40.0, heartbeat_s=99.0,
+                       checkpoint_s=50.0 + r) for r in range(2)]
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.threshold_s, d.idle_s) == (False, 300.0, 49.0)
+    d = evaluate_stall(POLICY, now_s=352.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.reason) == (True, "checkpoint")
+    # One rank still saving is enough: the others wait for it in the save's collectives.
+    rs[0] = RankProgress(rank=0, step=7, step_changed_s=40.0, heartbeat_s=99.0)
+    assert not evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs,
+                              step_times=[1.0]).stalled
+    # A dead rank's save holds nothing up.
+    rs = [RankProgress(rank=r, step=7, step_changed_s=40.0, heartbeat_s=99.0,
+                       checkpoint_s=50.0, alive=r == 0) for r in range(2)]
+    rs[0] = RankProgress(rank=0, step=7, step_changed_s=40.0, heartbeat_s=99.0)
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.reason, d.threshold_s) == (True, "stall", 10.0)
+
+
+def test_a_finished_checkpoint_restarts_the_clock() -> None:
+    """The save ended at 95: the next step has the stall threshold from then."""
+    rs = [RankProgress(rank=r, step=7, step_changed_s=40.0, heartbeat_s=99.0,
+                       checkpoint_done_s=95.0) for r in range(2)]
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.threshold_s, d.idle_s) == (False, 10.0, 5.0)
+    assert evaluate_stall(POLICY, now_s=106.0, started_s=0.0, ranks=rs,
+                          step_times=[1.0]).reason == "stall"
+    # A resume's load that ended at 95 leaves the first step its whole threshold.
+    rs = [RankProgress(rank=r, step=None, step_changed_s=None, heartbeat_s=99.0,
+                       checkpoint_done_s=95.0) for r in range(2)]
+    d = evaluate_stall(POLICY, now_s=200.0, started_s=0.0, ranks=rs, step_times=[])
+    assert (d.stalled, d.threshold_s, d.idle_s) == (False, 120.0, 105.0)
 
 
 def enter_times(late: dict[int, float], n: int = 20, world: int = 4,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.spec import Watchdog
-from orchestrator.watchdog.monitor import HangMonitor, suspect_nodes
+from orchestrator.watchdog.monitor import CHECKPOINT_PHASE, HangMonitor, suspect_nodes
 from orchestrator.watchdog.report import (
     DiagnosisReport,
     RankReport,
@@ -62,6 +62,62 @@ def test_first_step_threshold_before_any_step() -> None:
     due = m.due(51.0)
     assert due is not None and due.decision.reason == "first_step"
     assert "first step" in due.describe()
+
+
+def test_a_resumed_rank_is_on_its_first_step_until_it_completes_one() -> None:
+    """Ranks resumed from a step-2 checkpoint run step 3 first: that shows no step completed
+    by this attempt, so the first-step threshold covers the warm-up, not the stall one."""
+    m = _mon(stall_timeout_s=2, first_step_timeout_s=50)
+    resumed = {r: {"last_heartbeat": 1.0, "step": 3, "start_step": 2} for r in range(2)}
+    m.observe(now_s=1.0, ranks=resumed)
+    assert m.due(10.0) is None
+    due = m.due(51.0)
+    assert due is not None and due.decision.reason == "first_step"
+    m = _mon(stall_timeout_s=2, first_step_timeout_s=50)
+    m.observe(now_s=1.0, ranks=resumed)
+    m.observe(now_s=5.0, ranks={r: {"last_heartbeat": 5.0, "step": 4, "start_step": 2}
+                                for r in range(2)})  # step 3 is done: the stall rule runs
+    assert m.due(6.0) is None
+    due = m.due(7.5)
+    assert due is not None and due.decision.reason == "stall"
+    # The same heartbeat from a fresh start (no start_step) shows step 2 completed.
+    m = _mon(stall_timeout_s=2, first_step_timeout_s=50)
+    m.observe(now_s=1.0, ranks={r: {"last_heartbeat": 1.0, "step": 3} for r in range(2)})
+    due = m.due(3.5)
+    assert due is not None and due.decision.reason == "stall"
+
+
+def test_a_long_checkpoint_save_is_not_a_stall_and_its_end_restarts_the_clock() -> None:
+    from workers.callbacks import Phase
+
+    assert Phase.CHECKPOINT.value == CHECKPOINT_PHASE  # the phase the loop's heartbeat names
+    m = _mon(stall_timeout_s=2, first_step_timeout_s=50, checkpoint_timeout_s=100)
+    assert m.policy.checkpoint_timeout_s == 100.0
+
+    def beat(now: float, step: int, phase: str) -> None:
+        m.observe(now_s=now, ranks={r: {"last_heartbeat": now, "step": step, "phase": phase}
+                                    for r in range(2)})
+
+    _steps(m, 1.0, 1)
+    beat(1.5, 2, "forward")
+    _steps(m, 2.0, 2)
+    beat(2.5, 2, "checkpoint")  # saving after step 2
+    for now in (30.0, 60.0, 89.0):  # the heartbeat thread beats on through the save
+        beat(now, 2, "checkpoint")
+    assert m.due(90.0) is None  # 87.5 s into the save: under 100 s
+    beat(102.0, 2, "checkpoint")
+    due = m.due(103.0)
+    assert due is not None and due.decision.reason == "checkpoint"
+    assert due.describe() == "a checkpoint save or load ran for 100.5 s (threshold 100.0 s)"
+    m.mark_reported()  # action observe: the job runs on
+    beat(110.0, 3, "forward")  # the save ended (seen at 110): step 3 runs
+    assert m.due(111.5) is None
+    due = m.due(112.5)  # 2.5 s after the save, step 3 is not done: a stall
+    assert due is not None and due.decision.reason == "stall"
+    # Adaptive defaults: a save has the first-step threshold unless the spec says otherwise.
+    assert _mon().policy.checkpoint_timeout_s == 300.0
+    assert _mon(first_step_timeout_s=40).policy.checkpoint_timeout_s == 40.0
+    assert _mon(stall_timeout_s=3).policy.checkpoint_timeout_s == 30.0
 
 
 def test_silent_only_after_a_first_heartbeat() -> None:
