@@ -176,6 +176,32 @@ def process_groups(dist: Any) -> dict[str, dict[str, Any]]:
         return {}
 
 
+Walked = list[tuple[FrameType, int]]  # a thread's frames with their lines, innermost first
+
+
+def walk_threads(frames: dict[int, FrameType]) -> dict[int, Walked]:
+    """Every thread's frame chain (`frames`: `sys._current_frames()`), walked for all threads
+    before any source line is read. Reading one stats the file, which releases the GIL: a
+    thread that runs meanwhile leaves the frames not walked yet stale (a generator expression
+    it has suspended since has no caller, so its stack would end there)."""
+    return {ident: list(traceback.walk_stack(frame)) for ident, frame in frames.items()}
+
+
+def format_walked(walked: Walked) -> str:
+    """A walked chain as `traceback.format_stack` prints it, outermost frame first."""
+    summary = traceback.StackSummary.extract(iter(walked))
+    summary.reverse()
+    return "".join(summary.format())
+
+
+def top_of(walked: Walked) -> str | None:
+    """The innermost frame of a walked chain: "train_step at /src/train.py:42"."""
+    if not walked:
+        return None
+    frame, lineno = walked[0]
+    return f"{frame.f_code.co_name} at {frame.f_code.co_filename}:{lineno}"
+
+
 def stacks_by_thread_name(frames: dict[int, FrameType], *, training: int | None,
                           skip_current: bool = True) -> dict[str, str]:
     """Every thread's Python stack (`frames`: `sys._current_frames()`) by thread name, the
@@ -184,7 +210,7 @@ def stacks_by_thread_name(frames: dict[int, FrameType], *, training: int | None,
     group together; a repeated name gets " #2", " #3"."""
     names = {t.ident: t.name for t in threading.enumerate()}
     out: dict[str, str] = {}
-    for ident, frame in frames.items():
+    for ident, walked in walk_threads(frames).items():
         if skip_current and ident == threading.get_ident():
             continue
         label = names.get(ident, "?") + (" (training)" if ident == training else "")
@@ -192,5 +218,5 @@ def stacks_by_thread_name(frames: dict[int, FrameType], *, training: int | None,
         while key in out:
             n += 1
             key = f"{label} #{n}"
-        out[key] = "".join(traceback.format_stack(frame))
+        out[key] = format_walked(walked)
     return out

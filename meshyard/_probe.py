@@ -127,6 +127,8 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
     info: dict[str, Any] = {"id": request_id, "pid": os.getpid(), "time_s": t0, "errors": [],
                             "artifacts": []}
     frame = _main_frame()
+    # Walked now: the main thread runs on while lines are read (see _frames.walk_threads).
+    main = list(traceback.walk_stack(frame)) if frame is not None else []
     try:
         stacks = stack_map()
         info["stacks"] = stacks
@@ -135,13 +137,11 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
         pending = _frames.pending_op(frame)
         info["pending"] = [pending] if pending else []
         info["user_frame"] = _frames.user_frame(frame)
-        summary = traceback.extract_stack(frame) if frame is not None else []
-        info["top_frame"] = f"{summary[-1].name} at {summary[-1].filename}:{summary[-1].lineno}" \
-            if summary else None
-        info["main_stack"] = "".join(traceback.format_stack(frame)) if frame else None
+        info["top_frame"] = _frames.top_of(main)
+        info["main_stack"] = _frames.format_walked(main) if main else None
     except Exception as exc:  # noqa: BLE001
         info["errors"].append(f"stacks: {type(exc).__name__}: {exc}")
-    del frame
+    del frame, main
     info["initialized"] = _dist() is not None
     try:
         c10d = _c10d()

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
@@ -132,19 +131,17 @@ def thread_stack_map(*, skip_current: bool = True) -> dict[str, str]:
 def thread_stacks() -> tuple[str, dict[str, Any] | None, str | None]:
     """(all threads' stacks as text, pending op of the training thread, its top frame)."""
     frames = sys._current_frames()
+    walked = _frames.walk_threads(frames)
     target = _target_thread(frames)
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     top = None
-    for ident, frame in frames.items():
+    for ident, chain in walked.items():
         label = "training" if ident == target else "thread"
-        stack = "".join(traceback.format_stack(frame))
+        stack = _frames.format_walked(chain)
         parts.append(f"--- {label} {names.get(ident, '?')} ({ident}) ---\n{stack}")
         if ident == target:
-            summary = traceback.extract_stack(frame)
-            if summary:
-                last = summary[-1]
-                top = f"{last.name} at {last.filename}:{last.lineno}"
+            top = _frames.top_of(chain)
     return "\n".join(parts), pending_op(frames.get(target)), top
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +129,37 @@ def test_user_frame_skips_library_frames(tmp_path: Path) -> None:
         "default=lambda o: seen.append(sys._getframe(1)))`")
     assert not _frames.is_user_file(json.__file__)
     assert not _frames.is_user_file(_frames.__file__)
+
+
+def test_every_stack_is_walked_before_a_line_is_read() -> None:
+    """A thread in a generator expression runs on while the stacks are formatted (reading
+    source lines releases the GIL): each chain was taken first, so its stack still reaches
+    the generator's caller, and the training thread is marked."""
+    stop, inside = threading.Event(), threading.Event()
+
+    def step(i: int) -> int:
+        inside.set()
+        return i * 2
+
+    def train_loop() -> None:
+        while not stop.is_set():
+            sum(step(i) for i in range(1000))
+
+    t = threading.Thread(target=train_loop, name="spinner", daemon=True)
+    t.start()
+    try:
+        assert inside.wait(10)
+        for _ in range(20):
+            walked = _frames.walk_threads(sys._current_frames())
+            time.sleep(0.01)  # the spinner's generators suspend and finish meanwhile
+            text = _frames.format_walked(walked[t.ident])
+            assert "in train_loop" in text, text
+            assert text.index("in run") < text.index("in train_loop")  # outermost first
+            stacks = _frames.stacks_by_thread_name(sys._current_frames(), training=t.ident)
+            assert "in train_loop" in stacks["spinner (training)"]
+    finally:
+        stop.set()
+        t.join(10)
 
 
 def test_a_stall_after_every_rank_exited_cleanly_is_the_end_not_a_hang(
