@@ -55,6 +55,7 @@ class RankProgress:
     alive: bool = True  # False once the process is known to have exited
     checkpoint_s: float | None = None  # since when it saves or loads a checkpoint, if it does
     checkpoint_done_s: float | None = None  # when it last finished one (progress, like a step)
+    done: bool = False  # it finished training (its last heartbeat said so)
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,13 @@ def evaluate_stall(policy: StallPolicy, *, now_s: float, started_s: float,
                    ranks: Sequence[RankProgress], step_times: Sequence[float]) -> StallDecision:
     """Decide whether the job is stalled now. Example: floor 12 s, p95 1 s, k 5 → threshold
     12 s; a job whose newest step change was 13 s ago is stalled ("stall"). Had a rank begun
-    a checkpoint save 5 s ago, it would be held to `checkpoint_timeout_s` from then."""
+    a checkpoint save 5 s ago, it would be held to `checkpoint_timeout_s` from then. Ranks that
+    all finished training are never stalled, and a finished rank is never silent."""
     dead = tuple(sorted(r.rank for r in ranks if not r.alive))
     silent = tuple(sorted(
         r.rank for r in ranks
-        if r.alive and now_s - (r.heartbeat_s if r.heartbeat_s is not None else started_s)
+        if r.alive and not r.done
+        and now_s - (r.heartbeat_s if r.heartbeat_s is not None else started_s)
         > policy.heartbeat_timeout_s))
     changes = [r.step_changed_s for r in ranks if r.step is not None and r.step_changed_s]
     saving = [r.checkpoint_s for r in ranks if r.alive and r.checkpoint_s is not None]
@@ -107,7 +110,9 @@ def evaluate_stall(policy: StallPolicy, *, now_s: float, started_s: float,
     if saving and policy.checkpoint_timeout_s > thr:
         thr, reason = policy.checkpoint_timeout_s, "checkpoint"
     idle = max(0.0, now_s - since)
-    return StallDecision(stalled=idle > thr, reason=reason if idle > thr else "", idle_s=idle,
+    # Every rank finished: the job is ending (its results are on their way), not stalled.
+    stalled = idle > thr and not (ranks and all(r.done for r in ranks))
+    return StallDecision(stalled=stalled, reason=reason if stalled else "", idle_s=idle,
                          threshold_s=thr, dead_ranks=dead, silent_ranks=silent)
 
 

@@ -84,10 +84,13 @@ class _Rank:
     collectives_changed_s: float | None = None
     checkpoint_s: float | None = None  # first seen in the checkpoint phase (still in it)
     checkpoint_done_s: float | None = None  # last seen leaving it
+    done: bool = False  # its heartbeat's phase is DONE_PHASE
 
 
-# The phase a rank's heartbeat names while it saves or loads a checkpoint (workers' Phase).
+# The phases a rank's heartbeat names while it saves or loads a checkpoint, and once it has
+# finished training (workers' Phase).
 CHECKPOINT_PHASE = "checkpoint"
+DONE_PHASE = "done"
 
 
 @dataclass
@@ -173,6 +176,7 @@ class HangMonitor:
     def _phase(self, st: _Rank, phase: Any, now_s: float) -> None:
         """A save or load runs from the first heartbeat that shows it; leaving it is progress
         (a new stall after it is a new episode)."""
+        st.done = phase == DONE_PHASE
         if phase == CHECKPOINT_PHASE:
             if st.checkpoint_s is None:
                 st.checkpoint_s = now_s
@@ -210,7 +214,7 @@ class HangMonitor:
                                  else st.collectives_changed_s,
                                  heartbeat_s=st.heartbeat_s, alive=r not in dead,
                                  checkpoint_s=st.checkpoint_s,
-                                 checkpoint_done_s=st.checkpoint_done_s)
+                                 checkpoint_done_s=st.checkpoint_done_s, done=st.done)
                     for r in range(self.world_size)
                     for st in [self._ranks.get(r, _Rank())]]
         return evaluate_stall(self.policy, now_s=now_s, started_s=self.started_s,

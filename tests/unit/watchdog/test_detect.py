@@ -99,6 +99,18 @@ def test_a_checkpoint_save_is_held_to_its_own_threshold_from_its_start() -> None
     assert (d.stalled, d.reason, d.threshold_s) == (True, "stall", 10.0)
 
 
+def test_ranks_that_all_finished_are_neither_stalled_nor_silent() -> None:
+    """The last heartbeats said "done" long ago, and the run results are not in yet (a
+    loaded host): the job is ending, not hung. One rank still training keeps the rule."""
+    rs = [RankProgress(rank=r, step=7, step_changed_s=40.0, heartbeat_s=41.0, done=True)
+          for r in range(2)]
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.reason, d.silent_ranks, d.needs_diagnosis) == (False, "", (), False)
+    rs[1] = RankProgress(rank=1, step=7, step_changed_s=40.0, heartbeat_s=99.0)
+    d = evaluate_stall(POLICY, now_s=100.0, started_s=0.0, ranks=rs, step_times=[1.0])
+    assert (d.stalled, d.reason, d.silent_ranks) == (True, "stall", ())
+
+
 def test_a_finished_checkpoint_restarts_the_clock() -> None:
     """The save ended at 95: the next step has the stall threshold from then."""
     rs = [RankProgress(rank=r, step=7, step_changed_s=40.0, heartbeat_s=99.0,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from orchestrator.spec import Watchdog
-from orchestrator.watchdog.monitor import CHECKPOINT_PHASE, HangMonitor, suspect_nodes
+from orchestrator.watchdog.monitor import (
+    CHECKPOINT_PHASE,
+    DONE_PHASE,
+    HangMonitor,
+    suspect_nodes,
+)
 from orchestrator.watchdog.report import (
     DiagnosisReport,
     RankReport,
@@ -90,7 +95,8 @@ def test_a_resumed_rank_is_on_its_first_step_until_it_completes_one() -> None:
 def test_a_long_checkpoint_save_is_not_a_stall_and_its_end_restarts_the_clock() -> None:
     from workers.callbacks import Phase
 
-    assert Phase.CHECKPOINT.value == CHECKPOINT_PHASE  # the phase the loop's heartbeat names
+    # The phases the loop's heartbeat names.
+    assert (Phase.CHECKPOINT.value, Phase.DONE.value) == (CHECKPOINT_PHASE, DONE_PHASE)
     m = _mon(stall_timeout_s=2, first_step_timeout_s=50, checkpoint_timeout_s=100)
     assert m.policy.checkpoint_timeout_s == 100.0
 
@@ -114,6 +120,8 @@ def test_a_long_checkpoint_save_is_not_a_stall_and_its_end_restarts_the_clock() 
     assert m.due(111.5) is None
     due = m.due(112.5)  # 2.5 s after the save, step 3 is not done: a stall
     assert due is not None and due.decision.reason == "stall"
+    beat(113.0, 4, "done")  # finished: the results are on their way
+    assert m.due(200.0) is None
     # Adaptive defaults: a save has the first-step threshold unless the spec says otherwise.
     assert _mon().policy.checkpoint_timeout_s == 300.0
     assert _mon(first_step_timeout_s=40).policy.checkpoint_timeout_s == 40.0
