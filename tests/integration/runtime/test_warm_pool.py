@@ -125,6 +125,9 @@ def test_pooled_workers_are_reused_isolated_and_replaced_after_failure(pooled, p
     first = submit(store, _spec("pollutes"))
     assert wait_state(store, first, JobState.SUCCEEDED, JobState.FAILED).state == \
         JobState.SUCCEEDED
+    # The job is SUCCEEDED before its controller hands its actors back: placed before that,
+    # the next job would lease another node's idle ones.
+    runtime.wait_for_pool(timeout_s=300)
     # The second job's model raises if the first job's env var or module state survived.
     second = submit(store, _spec("expects-clean", kwargs={"expect_clean": True}))
     job = wait_state(store, second, JobState.SUCCEEDED, JobState.FAILED)
