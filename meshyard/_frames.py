@@ -202,15 +202,15 @@ def top_of(walked: Walked) -> str | None:
     return f"{frame.f_code.co_name} at {frame.f_code.co_filename}:{lineno}"
 
 
-def stacks_by_thread_name(frames: dict[int, FrameType], *, training: int | None,
+def stacks_by_thread_name(threads: dict[int, Walked], *, training: int | None,
                           skip_current: bool = True) -> dict[str, str]:
-    """Every thread's Python stack (`frames`: `sys._current_frames()`) by thread name, the
-    `training` thread's name marked " (training)", the calling thread left out unless
-    `skip_current` is False. Names, not thread ids, so identical stacks of different ranks
-    group together; a repeated name gets " #2", " #3"."""
+    """Every thread's Python stack (`threads`: `walk_threads(sys._current_frames())`) by
+    thread name, the `training` thread's name marked " (training)", the calling thread left
+    out unless `skip_current` is False. Names, not thread ids, so identical stacks of
+    different ranks group together; a repeated name gets " #2", " #3"."""
     names = {t.ident: t.name for t in threading.enumerate()}
     out: dict[str, str] = {}
-    for ident, walked in walk_threads(frames).items():
+    for ident, walked in threads.items():
         if skip_current and ident == threading.get_ident():
             continue
         label = names.get(ident, "?") + (" (training)" if ident == training else "")

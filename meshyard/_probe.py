@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +108,10 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return {} if dist is None else _frames.process_groups(dist)
 
 
-def _main_frame() -> Any:
-    return sys._current_frames().get(threading.main_thread().ident or -1)
-
-
-def stack_map() -> dict[str, str]:
+def stack_map(threads: dict[int, _frames.Walked]) -> dict[str, str]:
     """Every thread's Python stack but the probe's, by thread name; the main thread (where
     the user's code runs) named "MainThread (training)"."""
-    return _frames.stacks_by_thread_name(sys._current_frames(),
-                                         training=threading.main_thread().ident)
+    return _frames.stacks_by_thread_name(threads, training=threading.main_thread().ident)
 
 
 def collect(out: Path, *, request_id: str) -> dict[str, Any]:
@@ -126,11 +120,15 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
     t0 = time.time()
     info: dict[str, Any] = {"id": request_id, "pid": os.getpid(), "time_s": t0, "errors": [],
                             "artifacts": []}
-    frame = _main_frame()
+    frames = sys._current_frames()
+    main_ident = threading.main_thread().ident or -1
+    frame = frames.get(main_ident)
     # Walked now: the main thread runs on while lines are read (see _frames.walk_threads).
-    main = list(traceback.walk_stack(frame)) if frame is not None else []
+    threads = _frames.walk_threads(frames)
+    main = threads.get(main_ident, [])
+    del frames
     try:
-        stacks = stack_map()
+        stacks = stack_map(threads)
         info["stacks"] = stacks
         (out / "stacks.txt").write_text("\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()))
         info["artifacts"].append(str(out / "stacks.txt"))
@@ -141,7 +139,7 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
         info["main_stack"] = _frames.format_walked(main) if main else None
     except Exception as exc:  # noqa: BLE001
         info["errors"].append(f"stacks: {type(exc).__name__}: {exc}")
-    del frame, main
+    del frame, main, threads
     info["initialized"] = _dist() is not None
     try:
         c10d = _c10d()

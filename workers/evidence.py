@@ -124,7 +124,8 @@ def thread_stack_map(*, skip_current: bool = True) -> dict[str, str]:
     " (training)"; the calling thread (the one answering a diagnostics request) left out.
     Names, not thread ids, so identical stacks of different ranks group together."""
     frames = sys._current_frames()
-    return _frames.stacks_by_thread_name(frames, training=_target_thread(frames),
+    return _frames.stacks_by_thread_name(_frames.walk_threads(frames),
+                                         training=_target_thread(frames),
                                          skip_current=skip_current)
 
 

@@ -105,8 +105,8 @@ def evaluate_stall(policy: StallPolicy, *, now_s: float, started_s: float,
         since, thr, reason = started_s, policy.first_step_timeout_s, "first_step"
     else:
         since, thr, reason = max(changes), stall_threshold(policy, step_times), "stall"
-    done = [r.checkpoint_done_s for r in ranks if r.checkpoint_done_s is not None]
-    since = max([since, *done, *saving])
+    saved = [r.checkpoint_done_s for r in ranks if r.checkpoint_done_s is not None]
+    since = max([since, *saved, *saving])
     if saving and policy.checkpoint_timeout_s > thr:
         thr, reason = policy.checkpoint_timeout_s, "checkpoint"
     idle = max(0.0, now_s - since)

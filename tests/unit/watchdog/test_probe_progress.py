@@ -155,7 +155,8 @@ def test_every_stack_is_walked_before_a_line_is_read() -> None:
             text = _frames.format_walked(walked[t.ident])
             assert "in train_loop" in text, text
             assert text.index("in run") < text.index("in train_loop")  # outermost first
-            stacks = _frames.stacks_by_thread_name(sys._current_frames(), training=t.ident)
+            stacks = _frames.stacks_by_thread_name(_frames.walk_threads(sys._current_frames()),
+                                                   training=t.ident)
             assert "in train_loop" in stacks["spinner (training)"]
     finally:
         stop.set()
