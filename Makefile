@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers, one test module at a time each (a module's
-# fixtures, and a package's Ray cluster, start once per worker), taking modules in the order
-# tests/conftest.py sorts them: the folders with the longest tests first, the unit tests last
-# to fill in.
+# fixtures start once), taking modules in the order tests/conftest.py sorts them: the folders
+# with the longest tests first, the unit tests last to fill in. The modules that share a
+# package's Ray cluster go to one worker together (tests/conftest.py, SHARED_CLUSTERS), so
+# that cluster starts once in the run.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
@@ -16,13 +17,13 @@ XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 # few hundred processes a test run). Only changed files are compiled again.
 SOURCES := meshyard orchestrator workers api tests bench examples migrations
 
-.PHONY: run test check install lint bench clean bytecode
+.PHONY: run test check install lint bench clean bytecode lab-up lab-down lab-status
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[postgres,nvml,dev]"
+	$(PY) -m pip install -q -e ".[postgres,nvml,lightning,hf,dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -42,6 +43,18 @@ check: bytecode
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
+
+# A multi-host Ray cluster on this machine (root): LAB_HOSTS network namespaces on the
+# 198.18.0.0/24 test range, Ray started through deploy/baremetal/ray-node.sh (deploy/lab/README.md).
+LAB_HOSTS ?= 3
+lab-up: $(VENV)/.installed
+	$(PY) deploy/lab/lab.py up --hosts $(LAB_HOSTS)
+
+lab-status:
+	$(PY) deploy/lab/lab.py status
+
+lab-down:
+	$(PY) deploy/lab/lab.py down
 
 clean:
 	rm -rf .meshyard .pytest_cache

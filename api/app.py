@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -26,31 +26,29 @@ from api.metrics import HttpMetrics
 from api.middleware import BodyLimitMiddleware, HostCheckMiddleware, MetricsMiddleware
 from api.routes import (
     cluster,
-    health,
     job_data,
     jobs,
     logs,
     nodes,
     packages,
     plans,
+    probes,
     stacks,
     tokens,
     ui,
     users,
 )
 from api.schemas import Problem
+from api.state import AppState, RuntimeHooks
+from api.store_views import job_goodput, statuses
 from api.streams import StreamSlots
+from api.throttle import FailedLogins
 from orchestrator.settings import Settings, get_settings
 from orchestrator.store.db import make_engine
 from orchestrator.store.repo import Store
 
 # Goodput is computed per job at scrape time (three reads each): the first N active jobs.
 MAX_GOODPUT_SERIES = 200
-
-
-class Runtime(Protocol):
-    def start(self) -> Any: ...  # may return an awaitable
-    def stop(self) -> Any: ...
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -61,7 +59,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                          (404, "Not found (or not visible to this user)."),
                          (413, "Body larger than the limit (1 MiB)."),
                          (422, "Validation failed; `errors` lists each field."),
-                         (429, "Over a quota; `quota` and `limit` name it."))
+                         (429, "Over a quota (`quota` and `limit` name it), or too many "
+                               "failed logins from this address (Retry-After)."))
 }
 
 
@@ -84,7 +83,7 @@ async def _call(fn: Any) -> None:
 
 
 def create_app(settings: Settings | None = None, *, store: Store | None = None,
-               runtime: Runtime | None = None) -> FastAPI:
+               runtime: RuntimeHooks | None = None) -> FastAPI:
     """Builds the API. The caller owns migrations (`meshyard serve` applies them first);
     without a `store`, one is opened on `settings.resolved_database_url`."""
     settings = settings or get_settings()
@@ -109,26 +108,26 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None,
     app = FastAPI(title="meshyard", version=_version(), lifespan=lifespan,
                   summary="Topology-aware distributed training on Ray.",
                   generate_unique_id_function=_operation_id, docs_url=None, redoc_url=None)
-    metrics = HttpMetrics()
+    metrics = HttpMetrics(max_goodput_series=MAX_GOODPUT_SERIES)
     metrics.add_job_counts(store.job_counts_by_state)
     metrics.add_job_conditions(store.active_jobs)
-    metrics.add_node_health(lambda: nodes.statuses(store, settings))
-    metrics.add_goodput(lambda: [(j, job_data.job_goodput(j, store).ratio)
-                                 for j in store.active_jobs()[:MAX_GOODPUT_SERIES]])
-    pool_status = getattr(runtime, "pool_status", None)
-    if callable(pool_status):
-        metrics.add_warm_pool(pool_status)
-    app.state.settings, app.state.store, app.state.engine = settings, store, engine
-    app.state.http_metrics, app.state.runtime = metrics, runtime
-    app.state.token_cache = TokenCache()
-    app.state.cluster_shape = ClusterShape(store)
-    app.state.stream_slots = StreamSlots(settings.max_streams_per_user)
+    metrics.add_node_health(lambda: statuses(store, settings))
+    metrics.add_goodput(lambda job: job_goodput(job, store).ratio)
+    if runtime is not None:
+        metrics.add_warm_pool(runtime.pool_status)
+    app.state.meshyard = AppState(
+        settings=settings, store=store, engine=engine, http_metrics=metrics, runtime=runtime,
+        token_cache=TokenCache(),
+        login_throttle=FailedLogins(max_failures=settings.login_failures_max,
+                                    window_s=settings.login_failures_window_s,
+                                    max_clients=settings.login_throttle_clients),
+        cluster_shape=ClusterShape(store), stream_slots=StreamSlots(settings.max_streams_per_user))
 
     install_error_handlers(app)
     for module in (jobs, job_data, logs, stacks, cluster, nodes, plans, tokens, users,
                    packages):
         app.include_router(module.router, responses=ERROR_RESPONSES)
-    app.include_router(health.router)
+    app.include_router(probes.router)
     ui.install(app)  # the web dashboard (HTML pages + static files)
     if settings.api_docs:
         docs.install(app)

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from api.schemas import (
     AttemptList,
+    CheckpointList,
     Cluster,
     DiagnosisList,
     Event,
@@ -202,9 +203,14 @@ class MeshyardClient:
         return self._request("GET", f"/v1/jobs/{job_id}/ranks", RankList, params=params)
 
     def metrics(self, job_id: str, *, rank: int | None = None,
-                after_step: int | None = None, limit: int = 10_000) -> MetricList:
-        params = {k: v for k, v in (("rank", rank), ("after_step", after_step))
-                  if v is not None}
+                after_step: int | None = None, limit: int = 10_000,
+                keys: list[str] | None = None) -> MetricList:
+        """Raw rows; each row's `values` holds the other reported metrics (`keys` only, when
+        given)."""
+        params: dict[str, Any] = {k: v for k, v in (("rank", rank), ("after_step", after_step))
+                                  if v is not None}
+        if keys is not None:
+            params["keys"] = ",".join(keys)
         return self._request("GET", f"/v1/jobs/{job_id}/metrics", MetricList,
                              params={**params, "limit": limit})
 
@@ -214,6 +220,10 @@ class MeshyardClient:
         if rank is not None:
             params["rank"] = rank
         return self._request("GET", f"/v1/jobs/{job_id}/logs", LogList, params=params)
+
+    def checkpoints(self, job_id: str) -> CheckpointList:
+        """The job's complete checkpoints, every attempt's."""
+        return self._request("GET", f"/v1/jobs/{job_id}/checkpoints", CheckpointList)
 
     def diagnoses(self, job_id: str) -> DiagnosisList:
         return self._request("GET", f"/v1/jobs/{job_id}/diagnoses", DiagnosisList)
@@ -233,7 +243,7 @@ class MeshyardClient:
 
     def upload_dir(self, path: Path, *, max_bytes: int = DEFAULT_MAX_PACKAGE_BYTES) -> Package:
         """Zips a working dir (.gitignore-style excludes, api/packaging.py) and uploads it,
-        unless the server already holds the same package."""
+        unless this user uploaded the same package before."""
         from api.packaging import build_package
 
         local = build_package(path, max_bytes=max_bytes)
@@ -307,7 +317,7 @@ class MeshyardClient:
 
 def _spec_data(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     """A spec as a mapping: given as one, or a .yaml / .yml / .json file, or YAML text."""
-    from orchestrator.documents import parse_document
+    from orchestrator.admission.documents import parse_document
 
     if isinstance(spec, Mapping):
         return dict(spec)

@@ -11,31 +11,74 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from api.auth import authenticate
+from api.admission import ClusterShape
+from api.auth import TokenCache, authenticate
 from api.errors import Forbidden, NotFound, PolicyRefused
-from orchestrator.access import may_submit
+from api.metrics import HttpMetrics
+from api.state import AppState, RuntimeHooks
+from api.streams import StreamSlots
+from api.throttle import FailedLogins
+from orchestrator.admission.access import may_submit
 from orchestrator.settings import Settings
 from orchestrator.spec import PRINTABLE_RE
 from orchestrator.store.records import JobRecord, UserRecord
 from orchestrator.store.repo import Store
 
 
-async def get_store(request: Request) -> Store:
-    store: Store = request.app.state.store
-    return store
+def app_state(request: Request) -> AppState:
+    """The app's typed state (api/state.py); every other dependency reads it."""
+    state: AppState = request.app.state.meshyard
+    return state
 
 
-async def get_app_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+StateDep = Annotated[AppState, Depends(app_state)]
+
+
+async def get_store(state: StateDep) -> Store:
+    return state.store
+
+
+async def get_app_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+async def get_runtime(state: StateDep) -> RuntimeHooks | None:
+    return state.runtime
+
+
+async def get_token_cache(state: StateDep) -> TokenCache:
+    return state.token_cache
+
+
+async def get_login_throttle(state: StateDep) -> FailedLogins:
+    return state.login_throttle
+
+
+async def get_cluster_shape(state: StateDep) -> ClusterShape:
+    return state.cluster_shape
+
+
+async def get_stream_slots(state: StateDep) -> StreamSlots:
+    return state.stream_slots
+
+
+async def get_http_metrics(state: StateDep) -> HttpMetrics:
+    return state.http_metrics
 
 
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+RuntimeDep = Annotated[RuntimeHooks | None, Depends(get_runtime)]
+TokenCacheDep = Annotated[TokenCache, Depends(get_token_cache)]
+ThrottleDep = Annotated[FailedLogins, Depends(get_login_throttle)]
+ClusterShapeDep = Annotated[ClusterShape, Depends(get_cluster_shape)]
+StreamSlotsDep = Annotated[StreamSlots, Depends(get_stream_slots)]
+HttpMetricsDep = Annotated[HttpMetrics, Depends(get_http_metrics)]
 
 
-async def current_user(request: Request, store: StoreDep) -> UserRecord:
-    return await authenticate(request, store, request.app.state.token_cache)
+async def current_user(request: Request, store: StoreDep, cache: TokenCacheDep,
+                       throttle: ThrottleDep) -> UserRecord:
+    return await authenticate(request, store, cache, throttle)
 
 
 UserDep = Annotated[UserRecord, Depends(current_user)]

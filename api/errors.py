@@ -19,9 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.access import Violation
+from orchestrator.admission.access import Violation
+from orchestrator.admission.quotas import QuotaExceeded
 from orchestrator.lifecycle import IllegalTransition
-from orchestrator.quotas import QuotaExceeded
 from orchestrator.spec import FieldIssue, SpecValidationError
 from orchestrator.store.jobs import JobNotFound
 
@@ -86,6 +86,19 @@ class TooManyRequests(ApiError):
 
     def __init__(self, detail: str, *, quota: str, limit: float) -> None:
         super().__init__(429, detail, extensions={"quota": quota, "limit": limit})
+
+
+class LoginThrottled(ApiError):
+    """429: too many failed logins from the caller's address (api/throttle.py)."""
+
+    problem_type = "urn:meshyard:problem:login-throttled"
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(429, f"too many failed logins from this address; try again in "
+                         f"{retry_after_s} s with a valid token (`meshyard token create`)",
+                         headers={"Retry-After": str(retry_after_s)},
+                         extensions={"setting": "MESHYARD_LOGIN_FAILURES_MAX",
+                                     "retry_after_s": retry_after_s})
 
 
 class Conflict(ApiError):

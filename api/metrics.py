@@ -1,9 +1,15 @@
-"""Prometheus metrics for one app: its own registry, so several apps (tests) never collide."""
+"""Prometheus metrics for one app: its own registry, so several apps (tests) never collide.
+
+Two kinds of series. Cluster-level ones (HTTP requests by route template, job counts by
+state, node health, the warm pool) name no job, user or rank and are served to anonymous
+scrapers (unless MESHYARD_METRICS_ANONYMOUS=off). Tenant series (each job's condition and
+goodput, labelled with its id, name and culprit ranks) are built per scrape for the caller's
+token, from the jobs that token may read: none for an anonymous scrape."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -16,9 +22,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from orchestrator.health import NodeState, NodeStatus
 from orchestrator.lifecycle import JobState
-from orchestrator.store.records import JobRecord
+from orchestrator.nodes.health_policy import NodeState, NodeStatus
+from orchestrator.store.records import JobRecord, UserRecord
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +133,7 @@ class NodeHealthCollector(Collector):
 class GoodputCollector(Collector):
     """Each active job's goodput ratio (productive / wall time so far), at scrape time."""
 
-    def __init__(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
+    def __init__(self, ratios: Callable[[], Iterable[tuple[JobRecord, float]]]) -> None:
         self._ratios = ratios
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -191,8 +197,18 @@ class WarmPoolCollector(Collector):
         return fams
 
 
+def _visible(jobs: Iterable[JobRecord], viewer: UserRecord) -> list[JobRecord]:
+    return [j for j in jobs if viewer.sees_all_jobs or j.owner == viewer.name]
+
+
 class HttpMetrics:
-    def __init__(self) -> None:
+    """`registry`: the cluster-level series. `render(viewer)` adds the tenant series of the
+    jobs `viewer` may read."""
+
+    def __init__(self, *, max_goodput_series: int = 200) -> None:
+        self.max_goodput_series = max_goodput_series
+        self._active_jobs: Callable[[], list[JobRecord]] = list
+        self._goodput: Callable[[JobRecord], float] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "meshyard_http_requests", "HTTP requests answered.",
@@ -211,16 +227,34 @@ class HttpMetrics:
         self.registry.register(JobStateCollector(counts))
 
     def add_job_conditions(self, jobs: Callable[[], list[JobRecord]]) -> None:
-        self.registry.register(JobConditionCollector(jobs))
+        """The active jobs, read at scrape time (each with an open condition is a series)."""
+        self._active_jobs = jobs
 
     def add_node_health(self, statuses: Callable[[], list[NodeStatus]]) -> None:
         self.registry.register(NodeHealthCollector(statuses))
 
-    def add_goodput(self, ratios: Callable[[], list[tuple[JobRecord, float]]]) -> None:
-        self.registry.register(GoodputCollector(ratios))
+    def add_goodput(self, ratio: Callable[[JobRecord], float]) -> None:
+        """A job's goodput ratio, computed at scrape time for the first visible active jobs."""
+        self._goodput = ratio
 
     def add_warm_pool(self, status: Callable[[], dict[str, Any] | None]) -> None:
         self.registry.register(WarmPoolCollector(status))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, viewer: UserRecord | None = None) -> bytes:
+        """The cluster-level series, and with a `viewer` the series of the jobs they may
+        read. Called off the event loop (the tenant series read the store)."""
+        text = generate_latest(self.registry)
+        if viewer is None:
+            return text
+        try:
+            jobs = _visible(self._active_jobs(), viewer)
+        except Exception:  # the cluster-level series still answer when the DB is down
+            log.warning("jobs unavailable for /metrics", exc_info=True)
+            return text
+        tenant = CollectorRegistry(auto_describe=False)
+        tenant.register(JobConditionCollector(lambda: jobs))
+        if self._goodput is not None:
+            ratio = self._goodput
+            tenant.register(GoodputCollector(
+                lambda: ((j, ratio(j)) for j in jobs[:self.max_goodput_series])))
+        return text + generate_latest(tenant)

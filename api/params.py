@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import Query
 
-from orchestrator.limits import INT32_MAX, INT64_MAX
+from orchestrator.bounds.limits import INT32_MAX, INT64_MAX
 from orchestrator.spec import PRINTABLE_RE
 
 After = Annotated[int, Query(ge=0, le=INT64_MAX,

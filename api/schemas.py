@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from orchestrator.lifecycle import JobState
 
@@ -59,15 +59,28 @@ class JobSummary(_Out):
                                         "open (the job is hung or straggling).")
     created_at: datetime
     updated_at: datetime
+    started_at: datetime | None = Field(default=None, description="When the job first ran "
+                                        "(entered RUNNING); null before that.")
+    cancelled_by: str | None = Field(default=None, description="Who asked to cancel the "
+                                     "job, once someone did.")
 
 
 class Job(JobSummary):
-    spec: dict[str, Any] = Field(description="The validated JobSpec, defaults filled in.")
+    spec: dict[str, Any] = Field(validation_alias=AliasChoices("spec_doc", "spec"),
+                                 description="The validated JobSpec, defaults filled in.")
+
+
+class SpecWarning(_Out):
+    loc: str = Field(description="The field, dotted: training.ddp.comm_hook.")
+    msg: str = Field(description="What is known to go wrong, with the figure and the fix.")
 
 
 class SubmitResult(Job):
     created: bool = Field(description="False when an earlier submission with the same "
                           "submission_id already created this job.")
+    warnings: list[SpecWarning] = Field(default_factory=list, description="What in the spec "
+                                        "runs but is known to train badly (the job is "
+                                        "accepted); also recorded as a warning event.")
 
 
 class JobPage(_Out):
@@ -128,6 +141,11 @@ class Rank(_Out):
     phase: str | None
     last_heartbeat: datetime | None
     pid: int | None
+    collectives: int | None = Field(default=None, description="A script that reports no "
+                                    "steps: the collectives this rank has enqueued (its "
+                                    "progress).")
+    progress_at: datetime | None = Field(default=None, description="When `collectives` last "
+                                         "grew.")
     condition: RankCondition | None = Field(default=None, description="What the open "
                                             "diagnosis says this rank is doing.")
 
@@ -152,10 +170,39 @@ class MetricPoint(_Out):
         default=None, description="Dense fp32 gradient payload / grad_comm_bytes (DDP).")
     moe_aux_loss: float | None = Field(
         default=None, description="MoE load-balancing loss, mean over the MoE layers.")
+    values: dict[str, float] = Field(
+        default_factory=dict, description="The step's other reported numeric metrics "
+        "(val_acc, mfu, ...), those `keys` asks for.")
 
 
 class MetricList(_Out):
+    keys: list[str] = Field(default_factory=list, description=(
+        "Every metric name the job stored beyond the fixed fields, first reported first."))
     items: list[MetricPoint]
+
+
+class MetricSeries(_Out):
+    """One metric of one rank, one entry per bucket of steps (parallel lists)."""
+
+    key: str
+    rank: int
+    step: list[int] = Field(description="The bucket's first step.")
+    time: list[float] = Field(description="The unix time of the bucket's first row.")
+    mean: list[float]
+    min: list[float]
+    max: list[float]
+    count: list[int] = Field(description="Rows in the bucket (1: a raw row).")
+
+
+class MetricSeriesPage(_Out):
+    keys: list[str] = Field(description="Every metric name the job stored beyond the fixed "
+                            "fields (the fixed ones are `fixed`).")
+    fixed: list[str]
+    from_step: int | None = Field(description="First step in range (null: no rows).")
+    to_step: int | None
+    bucket_steps: int = Field(description="Steps per bucket; 1 when every row is returned.")
+    rows: int = Field(description="Metric rows in range, over the ranks asked for.")
+    items: list[MetricSeries]
 
 
 class UsagePoint(_Out):
@@ -210,13 +257,39 @@ class CheckpointList(_Out):
     items: list[CheckpointInfo]
 
 
+class StackFrame(_Out):
+    file: str
+    line: int
+    func: str
+    code: str = Field(description="The source line, when the stack printed it.")
+    kind: Literal["user", "library", "wrapper"] = Field(description="user: the job's own "
+                                                        "code; library: the standard library "
+                                                        "and installed packages; wrapper: "
+                                                        "what starts a rank (runpy, Ray, "
+                                                        "meshyard's runner).")
+
+
 class StackGroup(_Out):
-    stack: str = Field(description="One Python stack, as traceback.format_stack prints it.")
-    ranks: list[int] = Field(description="The ranks with a thread in exactly this stack.")
+    stack: str = Field(description="One Python stack, as traceback.format_stack prints it "
+                       "(the group's lowest rank's).")
+    ranks: list[int] = Field(description="The ranks with a thread in this stack: the same "
+                             "user and library frames (wrapper frames may differ).")
     ranks_text: str
     threads: list[str] = Field(description="Those threads' names; '(training)' marks the "
                                "training thread.")
     training: bool
+    frames: list[StackFrame] = Field(default_factory=list, description="The stack's frames, "
+                                     "outermost first.")
+    user_frame: StackFrame | None = Field(default=None, description="The innermost frame of "
+                                          "the job's own code (else of a library).")
+
+
+class NativeStackGroup(_Out):
+    ranks: list[int] = Field(description="Ranks whose py-spy dumps read the same but for "
+                             "pids, thread ids and addresses.")
+    ranks_text: str
+    text: str = Field(description="The lowest rank's `py-spy dump --native` output (native "
+                      "frames included), at most 32 KiB.")
 
 
 class StackRequest(_Out):
@@ -232,6 +305,8 @@ class StackRequest(_Out):
     ranks_answered: int = 0
     errors: dict[str, str] = Field(default={}, description="Rank -> why it gave no stacks.")
     error: str = Field(default="", description="Why nothing was collected.")
+    native: list[NativeStackGroup] = Field(default=[], description="Where py-spy is installed "
+                                           "on the nodes: each rank's native stacks, grouped.")
 
 
 class StackRequestList(_Out):
@@ -278,10 +353,19 @@ class Node(_Out):
     updated_at: datetime
 
 
+class Isolation(_Out):
+    mode: str = Field(description="isolated: user code's ranks are confined to their own job; "
+                      "trusted: nothing is confined and any user's code can act as admin.")
+    confined: bool = Field(description="Whether this control plane's host confines ranks now.")
+    detail: str = Field(description="What is confined, or why nothing is.")
+
+
 class Cluster(_Out):
     nodes: list[Node]
     total_gpus: int
     total_cpus: float
+    isolation: Isolation | None = Field(default=None, description="Tenant isolation (None: "
+                                        "this server runs no jobs).")
 
 
 class NodeTopology(_Out):
@@ -367,7 +451,8 @@ class Package(_Out):
                          "`package:sha256:<hex>`.")
     sha256: str = Field(description="SHA-256 of the uploaded zip.")
     bytes: int = Field(description="Size of the zip.")
-    created: bool = Field(description="False when the same package was already stored.")
+    created: bool = Field(description="False when the caller had uploaded this package "
+                          "before.")
 
 
 class NodeHealthOut(_Out):

@@ -24,9 +24,12 @@ from typing import Any
 import uvicorn
 from sqlalchemy.engine import make_url
 
-from api.app import Runtime, create_app
+from api.access_log import redact_access_log
+from api.app import create_app
 from api.client import ADMIN_TOKEN_FILE, SERVER_FILE, MeshyardAPIError, MeshyardClient
 from api.process_secrets import hide_secrets
+from api.state import RuntimeHooks
+from orchestrator.isolation.modes import TRUSTED_WARNING, IsolationMode
 from orchestrator.settings import Settings
 from orchestrator.store.db import make_engine, upgrade_database
 from orchestrator.store.repo import Store
@@ -99,15 +102,17 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def build_runtime(settings: Settings, store: Store) -> Runtime | None:
+def build_runtime(settings: Settings, store: Store, *, api_port: int | None = None
+                  ) -> RuntimeHooks | None:
     """The scheduler / controller runtime (`orchestrator.runtime.service`); None with
     `--no-scheduler`, where the API runs alone and jobs stay QUEUED. Imported here, not at the
-    top, so the CLI's other commands start without loading Ray."""
+    top, so the CLI's other commands start without loading Ray. `api_port`: where the API
+    listens (jobs are kept out of it)."""
     if not settings.scheduler_enabled:
         return None
     from orchestrator.runtime.service import build_runtime as build
 
-    return build(settings=settings, store=store)
+    return build(settings=settings, store=store, api_port=api_port)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -170,11 +175,12 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
                          f"{exc.strerror}; pick another --port (0 picks a free one)") from None
     port = sock.getsockname()[1]
     url = public_url(settings.host, port)
-    runtime = build_runtime(settings=settings, store=prepared.store)
+    runtime = build_runtime(settings=settings, store=prepared.store, api_port=port)
     app = create_app(settings, store=prepared.store, runtime=runtime)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=access_log,
                                            timeout_graceful_shutdown=10,
                                            proxy_headers=False))  # the app applies them
+    redact_access_log()  # after uvicorn's Config set its logging up
     server_file = settings.data_dir / SERVER_FILE
     write_private(server_file, json.dumps({"url": url, "pid": os.getpid(), "port": port}) + "\n")
     if demo:
@@ -184,6 +190,11 @@ def serve(settings: Settings, *, demo: bool = False, access_log: bool = True) ->
         threading.Thread(target=_submit_demo, args=(server,), daemon=True,
                          kwargs={"url": url, "token": token, "runtime": runtime}).start()
     print(f"meshyard serving on {url} (data dir {settings.data_dir})", flush=True)
+    if settings.isolation is IsolationMode.TRUSTED:
+        print(f"WARNING: {TRUSTED_WARNING}", flush=True)
+    else:
+        print("isolation: isolated (every rank of user code confined to its own job; "
+              "GET /v1/cluster says whether this host enforces it)", flush=True)
     token_file = settings.data_dir / ADMIN_TOKEN_FILE
     if token_file.exists():
         print(f"dashboard: {url}/  (log in with the token in {token_file})", flush=True)

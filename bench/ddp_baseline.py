@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 bench/ddp_baseline.py --config CONFIG.json --out TIMES.json
 
 What a user would write without meshyard: init the group, build the same GPT
-(``workers.model.GPT``, so the FLOPs are identical), wrap it in DDP with the same bucket size,
+(``workers.loop.model.GPT``, so the FLOPs are identical), wrap it in DDP with the same bucket size,
 AdamW, clip to the same norm, one ``loss.item()`` per step for logging. Rank 0 writes the wall
 clock and its CPU time at the end of every step, the same point meshyard's metrics record.
 """
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from orchestrator.spec import GPTModel
-from workers.model import GPT
+from workers.loop.model import GPT
 
 
 def main() -> None:

@@ -100,8 +100,8 @@ def script_spec(name: str, config: str, package: str) -> dict[str, Any]:
 
 def ship_scripts(settings: Any) -> str:
     from api.packaging import build_package
-    from orchestrator.entrypoint import package_ref
-    from orchestrator.packages import PackageWriter
+    from orchestrator.usercode.entrypoint import package_ref
+    from orchestrator.usercode.packages import PackageWriter
 
     local = build_package(USER_SCRIPTS, max_bytes=settings.max_package_bytes)
     writer = PackageWriter(settings.packages_dir, max_bytes=settings.max_package_bytes,

@@ -1,10 +1,10 @@
-"""``workers.launch`` with one extra metrics field, ``cpu_time`` (this process's CPU seconds).
+"""``workers.loop.launch`` with one extra metrics field, ``cpu_time`` (this process's CPU seconds).
 
     torchrun --nproc_per_node=2 bench/launch_cputime.py --spec S --out D
 
 bench/throughput.py runs meshyard through this so that both loops report the same per-step
 CPU figure (bench/ddp_baseline.py records ``time.process_time()`` after ``optimizer.step()``).
-The training path is ``workers.launch.main`` unchanged; only the step's metrics row gains the
+The training path is ``workers.loop.launch.main`` unchanged; only the step's metrics row gains the
 field, read where the step's row is made (after ``optimizer.step()``, not when the row
 reaches the metrics file: rows arrive in batches at the loop's sync steps), one
 ``process_time()`` call per step.
@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from workers import loop
-from workers.launch import main
+from workers.loop import train as loop
+from workers.loop.launch import main
 
 _one_step = loop._one_step
 

@@ -1,5 +1,5 @@
 """What sampling a node's utilisation costs that node: meshyard's long-lived sampler actor per
-node (orchestrator/runtime/usage.py) vs the Ray idiom it replaces, a task pinned to the node
+node (orchestrator/runtime/node_sampling.py) vs the Ray idiom it replaces, a task pinned to the node
 per sample (`ray.remote(num_cpus=0)` + NodeAffinitySchedulingStrategy).
 
     .venv/bin/python bench/node_sampling.py            # ~2 min; --samples N --interval-s S
@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
+from orchestrator.runtime.node_sampling import NodeSamplers  # noqa: E402
 from orchestrator.runtime.nodes import TopologySource, register_nodes  # noqa: E402
-from orchestrator.runtime.usage import NodeSamplers  # noqa: E402
 from orchestrator.store import open_store  # noqa: E402
-from workers.usage import NodeSampler  # noqa: E402
+from workers.host.sampling import NodeSampler  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node_sampling.json"
 

@@ -108,7 +108,7 @@ def core_tflops() -> float:
 
 
 def calibrate(tmp: Path) -> dict[str, Any]:
-    from workers.calibrate import run
+    from workers.host.calibrate import run
     raw = run(nproc=2, out=tmp / "rows.json", max_bytes=1 << 20, iters=5)
     rows = [Row(r["primitive"], r["n"], r["bytes"], r["seconds"], "pcie") for r in raw]
     return {k: v.as_dict() for k, v in fit_by_class(rows).items()}
@@ -143,7 +143,7 @@ def predict(spec: Any, *, tflops: float, links: dict[str, Any]) -> float:
 def measure(spec_path: Path, *, world: int, steps: int, tmp: Path) -> float:
     out = tmp / spec_path.stem
     cmd = [PY, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_port",
-           str(29600 + hash(spec_path.stem) % 300), "-m", "workers.launch", "--spec",
+           str(29600 + hash(spec_path.stem) % 300), "-m", "workers.loop.launch", "--spec",
            str(spec_path), "--out", str(out), "--steps", str(steps)]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -174,7 +174,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def tiny_ordering(steps: int) -> dict[str, Any]:
-    from workers.launch import load_spec
+    from workers.loop.launch import load_spec
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         links = calibrate(tmp)

@@ -5,7 +5,7 @@ Peers, same model and data (examples/tiny/ddp.yaml on CPU/gloo, the workers core
                 until the first step's metric; cold (fresh worker actors) and warm (the pool
                 of pre-started, torch-imported worker actors: the default settings);
   * Ray Train — TorchTrainer.fit() on the same running Ray until rank 0's first step;
-  * torchrun  — `torchrun --standalone --nproc_per_node=2 -m workers.launch` until the first
+  * torchrun  — `torchrun --standalone --nproc_per_node=2 -m workers.loop.launch` until the first
                 step in metrics.jsonl.
 
 User code (the `script` rows: bench/byo/train.py, a plain 2-rank DDP script that reports each
@@ -66,7 +66,7 @@ def run_torchrun(work: Path, i: int) -> float:
     spec = work / "spec.yaml"
     spec.write_text(yaml.safe_dump(bench_spec()))
     t0 = time.time()
-    subprocess.run([*_torchrun(), "--standalone", "--nproc_per_node=2", "-m", "workers.launch",
+    subprocess.run([*_torchrun(), "--standalone", "--nproc_per_node=2", "-m", "workers.loop.launch",
                     "--spec", str(spec), "--out", str(out)], cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
@@ -82,7 +82,7 @@ def run_torchrun_script(work: Path, i: int) -> float:
     first = work / f"torchrun-script-{i}.first"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHYARD_")}
     env.update(FIRST_STEP_FILE=str(first), OMP_NUM_THREADS="1")
-    from workers.env import free_port
+    from workers.host.env import free_port
 
     log = work / f"torchrun-script-{i}.log"
     t0 = time.time()
@@ -104,8 +104,8 @@ def _ray_train_loop(config: dict[str, Any]) -> None:
     import ray.train
 
     from orchestrator.spec import parse_spec
-    from workers.env import DistEnv
-    from workers.loop import run_training
+    from workers.host.env import DistEnv
+    from workers.loop.train import run_training
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()

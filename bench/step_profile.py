@@ -6,7 +6,7 @@ Runs under torchrun (2 ranks on gloo, ``OMP_NUM_THREADS=1``; the script launches
 on bench/throughput.py's model and DDP config. Two parts, both on rank 0, CPU time
 (``time.process_time()``: every thread of the rank, gloo's included):
 
-* paired steps: blocks of 16 real loop steps (``workers.loop._one_step`` + the metrics
+* paired steps: blocks of 16 real loop steps (``workers.loop.train._one_step`` + the metrics
   callback + the checkpoint check, as ``_train`` runs them) alternate with blocks of the
   hand-written step (bench/ddp_baseline.py's body) on the same DDP model and optimizer, so
   load on a shared machine hits both alike; the figure is the median per-step difference;
@@ -33,7 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 # Steps per paired block: a multiple of every sync interval the loop picks at this step time
-# (workers/stepsync.py), so each block holds its share of sync steps.
+# (workers/loop/stepsync.py), so each block holds its share of sync steps.
 BLOCK = 16
 RESULTS = REPO / "bench" / "results" / "step_profile.json"
 sys.path.insert(0, str(REPO))
@@ -53,13 +53,13 @@ def _cpu_per_call(fn: Callable[[], Any], reps: int) -> float:
 def _sections(run: Any, *, model: Any, gen: Any, shape: tuple[int, int, int], device: Any,
               step0: int, blocks: int) -> dict[str, dict[str, float]]:
     """Median CPU seconds of each section of both steps, timed inside the step (the
-    meshyard sections follow workers.loop._one_step line by line)."""
+    meshyard sections follow workers.loop.train._one_step line by line)."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    from workers import loop
-    from workers.callbacks import Phase
-    from workers.stepsync import StepSync
+    from workers.loop import train as loop
+    from workers.loop.callbacks import Phase
+    from workers.loop.stepsync import StepSync
 
     b, t, v = shape
     mesh: dict[str, list[float]] = {}
@@ -124,15 +124,15 @@ def _worker(args: argparse.Namespace) -> None:  # noqa: PLR0915 - one linear mea
     from bench.throughput import GLOBAL_BATCH, spec_for
     from orchestrator.mesh import MeshShape
     from orchestrator.spec import JobSpec
-    from workers import loop
-    from workers.actor import _ActorCallbacks, _Buffer
-    from workers.callbacks import FileCallbacks, Phase
-    from workers.checkpoint import Checkpointer
-    from workers.env import DistEnv, apply_env, debug_env, init_distributed, select_device
-    from workers.evidence import announce_step_collective
-    from workers.heartbeat import Progress, make_heartbeat
-    from workers.model import build_model
-    from workers.stepsync import StepSync
+    from workers.host.actor import _ActorCallbacks, _Buffer
+    from workers.host.env import DistEnv, apply_env, debug_env, init_distributed, select_device
+    from workers.host.evidence import announce_step_collective
+    from workers.loop import train as loop
+    from workers.loop.callbacks import FileCallbacks, Phase
+    from workers.loop.checkpoint import Checkpointer
+    from workers.loop.heartbeat import Progress, make_heartbeat
+    from workers.loop.model import build_model
+    from workers.loop.stepsync import StepSync
 
     work = Path(args.work)
     spec = JobSpec.model_validate(spec_for("ddp", steps=10_000, device="cpu"))
@@ -157,7 +157,7 @@ def _worker(args: argparse.Namespace) -> None:  # noqa: PLR0915 - one linear mea
     sync = StepSync(world=run.world, device=device, faults=run.faults)
     state = {"settle_first": True}
 
-    def meshyard_step(step: int) -> None:  # workers.loop._train's body, checkpoint off
+    def meshyard_step(step: int) -> None:  # workers.loop.train._train's body, checkpoint off
         row, loss = loop._one_step(run, step, settle_first=state["settle_first"])
         sync.add(row, loss)
         synced = sync.due(step, first=False, last=False)
@@ -274,7 +274,7 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    from workers.env import free_port
+    from workers.host.env import free_port
 
     work = Path(tempfile.mkdtemp(prefix="meshyard-step-profile-"))
     out = work / "profile.json"

@@ -6,7 +6,7 @@ Same model (the built-in GPT), same global batch, same DDP config (2 ranks, dp_r
 25 MiB buckets, AdamW, grad clip 1.0), same launcher (torchrun, OMP_NUM_THREADS=1 per rank):
 
 * ``baseline``  bench/ddp_baseline.py — what a user writes by hand;
-* ``meshyard``  ``workers.launch`` under torchrun with the default 1 s heartbeat (through
+* ``meshyard``  ``workers.loop.launch`` under torchrun with the default 1 s heartbeat (through
   bench/launch_cputime.py, which only adds rank 0's CPU time to each metrics row);
 * ``meshyard_no_hb``  the same with the heartbeat thread effectively off (1e6 s interval).
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from workers.env import free_port
+from workers.host.env import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "throughput.json"
@@ -167,8 +167,8 @@ def heartbeat_microbench() -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from workers.callbacks import Phase
-    from workers.heartbeat import Progress, make_heartbeat
+    from workers.loop.callbacks import Phase
+    from workers.loop.heartbeat import Progress, make_heartbeat
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)

@@ -2,7 +2,7 @@
 call it is blocked in (op, tensor sizes and dtypes, peer, from the frame's locals) and the
 innermost frame of the user's own code. Stdlib only, and torch only through `sys.modules`
 (nothing here imports it): the probe inside a user's rank process
-(meshyard/_probe.py) and the worker's evidence collection (workers/evidence.py) share it.
+(meshyard/_probe.py) and the worker's evidence collection (workers/host/evidence.py) share it.
 
 gloo records no send/recv in the Flight Recorder, so the frame locals are the only p2p
 evidence there.

@@ -1,6 +1,6 @@
 """`python -m meshyard._prestart`: a rank process started before its job (the warm pool).
 
-A pooled worker actor starts one of these while it waits for a job (workers/rankproc.py,
+A pooled worker actor starts one of these while it waits for a job (workers/host/rankproc.py,
 `PrestartedRank`). It imports torch, torch.distributed, torch._dynamo (which wrapping a model
 in DDP or FSDP imports: seconds of a cold script's first step) and the runner, then blocks
 reading one request from stdin::
@@ -34,6 +34,7 @@ import os
 import sys
 
 READY = b"ready\n"
+NET_FD_VAR = "MESHYARD_CONFINE_NET_FD"  # workers/host/rankproc.py sets it at spawn
 
 
 def _startup_path(cwd: str, pythonpath: str | None, *, base: list[str]) -> list[str]:
@@ -70,9 +71,16 @@ def _serve(stdin: int = 0) -> int:
     os.dup2(null, 0)
     os.close(null)
     for fd, key in ((1, "stdout"), (2, "stderr")):
-        target = os.open(req[key], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        target = os.open(req[key], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                         0o600)
         os.dup2(target, fd)
         os.close(target)
+    if req.get("confine"):
+        failed = _confine(req)
+        if failed:
+            return failed
+    elif os.environ.get(NET_FD_VAR, "").isdigit():
+        os.close(int(os.environ[NET_FD_VAR]))  # not confined (trusted): the layer is unused
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -80,8 +88,55 @@ def _serve(stdin: int = 0) -> int:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    _openblas_threads(os.environ)
     sys.argv = [runner.__file__, *req["args"]]
     return runner.main(list(req["args"]))
+
+
+def _confine(req: dict[str, object]) -> int:
+    """Confines this process as the cold start's fork would (meshyard/_confine.py), with
+    the TCP layer the actor handed at spawn; 0, or 1 after recording why it could not."""
+    from meshyard import _confine as confine
+    from meshyard import runner
+
+    try:
+        net_fd = int(os.environ.pop(NET_FD_VAR, ""))
+    except ValueError:
+        net_fd = None
+    try:
+        confine.apply(confine.Plan.from_json(str(req["confine"])), net_fd=net_fd)
+    except confine.ConfineError as exc:
+        env = req["env"]
+        os.environ[runner.proto.REPORT_FILE] = str(env.get(runner.proto.REPORT_FILE, "")) \
+            if isinstance(env, dict) else ""
+        runner._fail(exc, setup=True)
+        return 1
+    return 0
+
+
+def _openblas_threads(env: dict[str, str] | os._Environ[str]) -> None:
+    """OpenBLAS (numpy's) started with one thread so that the process stayed single until
+    its confinement; a cold start would have OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS,
+    else a thread per CPU. Threads started now are confined like this one."""
+    import ctypes
+
+    want = next((int(v) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+                 if (v := env.get(k, "")).isdigit() and int(v) > 0), os.cpu_count() or 1)
+    if want == 1:
+        return
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1]}
+    for lib in sorted(libs):
+        try:
+            dll = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                     "openblas_set_num_threads"):
+            fn = getattr(dll, name, None)
+            if fn is not None:
+                fn(ctypes.c_int(want))
+                break
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import threading
@@ -51,20 +50,22 @@ from pathlib import Path
 from typing import Any
 
 from meshyard import _frames
-from meshyard._protocol import PROBE_DIR
+from meshyard._protocol import (
+    ANSWER_FILE,
+    FR_TRACE_FILE,
+    PROBE_DIR,
+    PYSPY_FILE,
+    STACKS_FILE,
+    progress_path,
+    pyspy_path,
+    request_path,
+)
 
 PROBE_INTERVAL = "MESHYARD_PROBE_INTERVAL_S"
 THREAD_NAME = "meshyard-probe"
 _DEFAULT_INTERVAL_S = 0.25
 _PYSPY_TIMEOUT_S = 10.0
 
-
-def progress_path(directory: str | Path, rank: int) -> Path:
-    return Path(directory) / f"rank{rank}.progress.json"
-
-
-def request_path(directory: str | Path, rank: int) -> Path:
-    return Path(directory) / f"rank{rank}.request"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -130,8 +131,8 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
     try:
         stacks = stack_map(threads)
         info["stacks"] = stacks
-        (out / "stacks.txt").write_text("\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()))
-        info["artifacts"].append(str(out / "stacks.txt"))
+        (out / STACKS_FILE).write_text("\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()))
+        info["artifacts"].append(str(out / STACKS_FILE))
         pending = _frames.pending_op(frame)
         info["pending"] = [pending] if pending else []
         info["user_frame"] = _frames.user_frame(frame)
@@ -144,23 +145,23 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
     try:
         c10d = _c10d()
         if c10d is not None and info["initialized"]:
-            (out / "fr_trace.pkl").write_bytes(c10d._dump_fr_trace(True, False, False))
-            info["artifacts"].append(str(out / "fr_trace.pkl"))
+            (out / FR_TRACE_FILE).write_bytes(c10d._dump_fr_trace(True, False, False))
+            info["artifacts"].append(str(out / FR_TRACE_FILE))
     except Exception as exc:  # noqa: BLE001
         info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
     info["process_groups"] = process_groups()
-    exe = shutil.which("py-spy")
+    exe = pyspy_path()
     if exe is not None:
         try:
             res = subprocess.run([exe, "dump", "--native", "--pid", str(os.getpid())],
                                  capture_output=True, text=True, timeout=_PYSPY_TIMEOUT_S,
                                  check=False)
-            (out / "pyspy.txt").write_text(res.stdout + res.stderr)
-            info["artifacts"].append(str(out / "pyspy.txt"))
+            (out / PYSPY_FILE).write_text(res.stdout + res.stderr)
+            info["artifacts"].append(str(out / PYSPY_FILE))
         except (OSError, subprocess.SubprocessError) as exc:
             info["errors"].append(f"py-spy: {exc}")
     info["collect_s"] = round(time.time() - t0, 3)
-    write_json_atomic(out / "probe.json", info)
+    write_json_atomic(out / ANSWER_FILE, info)
     return info
 
 

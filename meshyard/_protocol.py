@@ -12,6 +12,9 @@ Environment (set by the worker, read by the runner and `meshyard.train`):
     MESHYARD_FUNCTION_CONFIG  file holding the function's `config` as JSON
     MESHYARD_PROBE_DIR        where the hang watchdog's probe in the rank writes its progress
                               and answers evidence requests (meshyard/_probe.py)
+    MESHYARD_STOP_FILE        exists once the worker asked the rank to stop (a preemption or
+                              a cancel): `get_context().should_stop()` is true, SIGTERM follows
+                              and SIGKILL after the grace period
 
 Records (one JSON object per line in MESHYARD_REPORT_FILE):
 
@@ -26,6 +29,9 @@ controller writes `COMPLETE` (JSON: step, attempt) into it.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +46,45 @@ FUNCTION_CONFIG = "MESHYARD_FUNCTION_CONFIG"
 JOB_ID = "MESHYARD_JOB_ID"
 ATTEMPT = "MESHYARD_ATTEMPT"
 PROBE_DIR = "MESHYARD_PROBE_DIR"
+STOP_FILE = "MESHYARD_STOP_FILE"
 
 MARKER = "COMPLETE"
+
+# The hang watchdog's probe (meshyard/_probe.py) and its reader (orchestrator/watchdog/
+# probe_files.py, the CLI's `meshyard watch`): files in MESHYARD_PROBE_DIR, per rank, and in
+# the answer folder a request names.
+PROGRESS_SUFFIX = ".progress.json"
+REQUEST_SUFFIX = ".request"
+ANSWER_FILE = "probe.json"
+STACKS_FILE = "stacks.txt"
+FR_TRACE_FILE = "fr_trace.pkl"
+PYSPY_FILE = "pyspy.txt"
+
+
+def progress_path(probe_dir: str | Path, rank: int) -> Path:
+    """The file a rank's probe rewrites when its collective counters move."""
+    return Path(probe_dir) / f"rank{rank}{PROGRESS_SUFFIX}"
+
+
+def stop_path(probe_dir: str | Path, rank: int) -> Path:
+    """The file whose existence asks a rank to stop (MESHYARD_STOP_FILE)."""
+    return Path(probe_dir) / f"rank{rank}.stop"
+
+
+def request_path(probe_dir: str | Path, rank: int) -> Path:
+    """The file a watcher writes to ask a rank's probe for evidence (JSON: id, out)."""
+    return Path(probe_dir) / f"rank{rank}{REQUEST_SUFFIX}"
 MAX_RECORD_CHARS = 64 * 1024
+
+
+def pyspy_path() -> str | None:
+    """The py-spy binary: on PATH, else beside this interpreter (a virtualenv's bin, which a
+    rank's PATH may lack); None when it is not installed."""
+    found = shutil.which("py-spy")
+    if found is None:
+        beside = Path(sys.executable).parent / "py-spy"
+        found = str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+    return found
 
 
 def step_dir_name(step: int) -> str:

@@ -1,7 +1,7 @@
 """Data parallelism over a job's DeviceMesh: DDP, FSDP2 (ZeRO-2 / ZeRO-3) and HSDP.
 
 torch only (nothing of meshyard's control plane): the one code path behind both the built-in
-loop's `workers.parallelize.parallelize` (after TP and activation checkpointing) and
+loop's `workers.loop.parallelize.parallelize` (after TP and activation checkpointing) and
 `meshyard.train.torch.prepare_model` in a user's own rank process.
 
     kind = dp_kind(dp_replicate=2, dp_shard=4, zero_stage=3)          # "fsdp"

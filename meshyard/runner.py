@@ -84,10 +84,14 @@ def _record(kind: str, **fields: Any) -> None:
         return
     line = json.dumps({"kind": kind, "time": time.time(), **fields}, default=str)
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        with open(path, "a", encoding="utf-8", opener=_no_link) as f:
             f.write(line[:proto.MAX_RECORD_CHARS] + "\n")
     except OSError:
         pass
+
+
+def _no_link(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
 
 
 def _load_function(path: str) -> Callable[..., Any]:
@@ -161,9 +165,23 @@ def _run(mode: str, rest: list[str]) -> None:
         try:
             os.execvp(rest[0], rest)
         except OSError as exc:
-            raise SetupError(exc) from exc
+            raise SetupError(_exec_error(rest[0], exc)) from None
     else:
         raise SetupError(ValueError(f"unknown runner mode {mode!r}"))
+
+
+def _exec_error(program: str, exc: OSError) -> OSError:
+    """`exc` from exec'ing `program`, with a message that names the program (exec's own
+    names none) and says where it was looked for."""
+    if isinstance(exc, FileNotFoundError):
+        where = (f"in the working dir {os.getcwd()}" if "/" in program
+                 else "on the rank's PATH (a program in the working dir is written ./NAME)")
+        why = f"program {program!r} not found {where}"
+    elif isinstance(exc, PermissionError):
+        why = f"program {program!r} is not executable (chmod +x, or run it with python)"
+    else:
+        why = f"cannot run program {program!r}: {exc.strerror or exc}"
+    return type(exc)(why)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,9 @@ class JobState(StrEnum):
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
     CANCELLING = "CANCELLING"
+    # stopped for a higher-priority job: its ranks checkpoint and stop, then it is QUEUED
+    # again and resumes from that checkpoint (its restart budget untouched)
+    PREEMPTED = "PREEMPTED"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -34,7 +37,7 @@ class JobState(StrEnum):
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE_STATES = frozenset({JobState.PLACING, JobState.STARTING, JobState.RUNNING,
-                           JobState.RESTARTING, JobState.CANCELLING})
+                           JobState.RESTARTING, JobState.CANCELLING, JobState.PREEMPTED})
 
 
 class Reason(StrEnum):
@@ -45,6 +48,7 @@ class Reason(StrEnum):
     PLACEMENT_TIMEOUT = "PLACEMENT_TIMEOUT"
     SETUP_ERROR = "SETUP_ERROR"
     WORKER_CRASH = "WORKER_CRASH"
+    USER_ERROR = "USER_ERROR"  # the job's own code raised or exited non-zero: not retried
     HANG_DETECTED = "HANG_DETECTED"
     MAX_FAILURES = "MAX_FAILURES"
     CONTROLLER_LOST = "CONTROLLER_LOST"
@@ -64,12 +68,34 @@ class Reason(StrEnum):
     PROGRESS_RESUMED = "PROGRESS_RESUMED"
     NODE_CORDONED = "NODE_CORDONED"  # the node health ledger took a node of the job out
     NODE_SUSPECT = "NODE_SUSPECT"
+    PLANNED = "PLANNED"  # `parallelism: auto` resolved to a plan at submit (data: the plan)
+    SPEC_WARNING = "SPEC_WARNING"  # accepted, but known to train badly (spec.spec_warnings)
+    METRICS_DROPPED = "METRICS_DROPPED"  # reported metric names refused (metric_values.py)
+    PREEMPTED = "PREEMPTED"  # stopped for a higher-priority job (data: preempted_by), requeued
 
 
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,
-                             Reason.SETUP_ERROR, Reason.WORKER_CRASH, Reason.HANG_DETECTED,
-                             Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
+                             Reason.SETUP_ERROR, Reason.USER_ERROR, Reason.WORKER_CRASH,
+                             Reason.HANG_DETECTED, Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
                              Reason.INTERNAL_ERROR, Reason.PREFLIGHT_FAILED})
+
+class JobEventKind(StrEnum):
+    """A job event's kind: a state transition (written only with it), or a note."""
+
+    STATE = "state"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class LogStream(StrEnum):
+    """Where a job's log line came from: a rank's stdout / stderr, or meshyard's own log of
+    that rank (setup, checkpoints, faults)."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    LOG = "log"
+
 
 class AttemptState(StrEnum):
     """An attempt's row in the store. RUNNING from the moment it is placed until it ends."""
@@ -80,11 +106,14 @@ class AttemptState(StrEnum):
     CANCELLED = "CANCELLED"
     PLACEMENT_TIMEOUT = "PLACEMENT_TIMEOUT"
     LOST = "LOST"  # its controller vanished before training started
+    PREEMPTED = "PREEMPTED"  # stopped for a higher-priority job (not a failure)
 
 
 class RankState(StrEnum):
     """A rank as its controller reports it: STARTING until its worker runs, then the worker's
-    own state (IDLE ... ERROR), and the attempt's end (SUCCEEDED, FAILED, CANCELLED)."""
+    own state (IDLE ... ERROR), and the attempt's end (SUCCEEDED, FAILED, CANCELLED). When a
+    rank's failure ends the attempt, the ranks that failed only because a peer went away are
+    PEER_LOST and the ranks meshyard stopped are STOPPED."""
 
     STARTING = "STARTING"
     IDLE = "IDLE"
@@ -95,6 +124,7 @@ class RankState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PEER_LOST = "PEER_LOST"
 
 
 S = JobState
@@ -103,8 +133,12 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     S.QUEUED: frozenset({S.PLACING, S.CANCELLED, S.FAILED}),
     # PLACING -> QUEUED: the gang reservation timed out; the job waits again.
     S.PLACING: frozenset({S.STARTING, S.QUEUED, S.CANCELLING, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.RESTARTING, S.CANCELLING, S.FAILED, S.SUCCEEDED}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.RESTARTING, S.CANCELLING, S.FAILED}),
+    S.STARTING: frozenset({S.RUNNING, S.RESTARTING, S.CANCELLING, S.FAILED, S.SUCCEEDED,
+                           S.PREEMPTED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.RESTARTING, S.CANCELLING, S.FAILED, S.PREEMPTED}),
+    # PREEMPTED -> QUEUED: its workers stopped (after a checkpoint); it waits to resume.
+    # It may also finish, fail (restart policy as ever) or be cancelled while stopping.
+    S.PREEMPTED: frozenset({S.QUEUED, S.SUCCEEDED, S.RESTARTING, S.CANCELLING, S.FAILED}),
     # RESTARTING -> QUEUED: the next attempt needs a fresh placement.
     S.RESTARTING: frozenset({S.QUEUED, S.PLACING, S.STARTING, S.CANCELLING, S.FAILED}),
     S.CANCELLING: frozenset({S.CANCELLED, S.FAILED}),

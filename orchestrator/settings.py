@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from orchestrator.access import Policy, Role
-from orchestrator.health import HealthPolicy
-from orchestrator.quotas import Quota
+from orchestrator.admission.access import Policy, Role
+from orchestrator.admission.quotas import Quota
+from orchestrator.isolation.modes import IsolationMode, JobConfinement
+from orchestrator.nodes.health_policy import HealthPolicy
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # Warm pool defaults (per node): the demo job's world size on the embedded Ray; a
@@ -62,13 +63,20 @@ class Settings(BaseSettings):
         "controller is a new Ray worker process: about half a second before the workers "
         "start); 0 = start one per attempt.")
     confine_workers: bool = Field(
-        default=True, description="Start the embedded Ray confined (Landlock) out of the "
-        "data dir, except the run dirs and data roots; without Landlock it starts unconfined "
-        "and logs why.")
+        default=True, description="Trusted mode: start the embedded Ray confined (Landlock) "
+        "out of the data dir, except the run dirs and data roots (in isolated mode each rank "
+        "of user code is confined instead, the data dir hidden from it).")
     usage_interval_s: float = Field(
         default=10.0, ge=1, le=3600,
         description="One utilisation sample per rank this often at most (a job of more than "
         "50 ranks samples less often: at most 5 rows a second per job).")
+    preemption: bool = Field(
+        default=True, description="A queued job of higher priority that does not fit may "
+        "stop lower-priority preemptible jobs (they checkpoint and are requeued).")
+    preempt_min_run_s: float = Field(
+        default=600.0, ge=0, le=7 * 86400,
+        description="An attempt runs at least this long before it may be preempted (no "
+        "thrash: a job just resumed is not stopped again at once).")
     node_usage_interval_s: float = Field(
         default=30.0, ge=0, le=3600,
         description="Sample every node's CPU, memory and GPUs this often (0 = off).")
@@ -85,6 +93,22 @@ class Settings(BaseSettings):
     usage_retention_s: float = Field(
         default=86400.0, gt=0, le=90 * 86400,
         description="Node utilisation samples are kept this long.")
+
+    # -- tenant isolation (orchestrator/isolation/modes.py) -------------------------------------
+    isolation: IsolationMode = Field(
+        default=IsolationMode.ISOLATED,
+        description="isolated: every rank of user code is confined to its own job (no Ray, "
+        "no control plane, no other job, no capabilities); a host that cannot enforce it "
+        "refuses non-admin users' code. trusted: nothing is confined and any user's code can "
+        "act as admin (single-team clusters only).")
+    hide_paths: CommaList = Field(
+        default=[], description="More host paths no job's rank may see (isolated mode): a "
+        "directory is covered by an empty one, a file by /dev/null.")
+    ray_worker_ports: str = Field(
+        default="10002-19999", pattern=r"^\d{4,5}-\d{4,5}$",
+        description="The port range of the embedded Ray's worker processes (LOW-HIGH), which "
+        "every job's ranks are kept out of; a Ray cluster (--ray-address) must be started "
+        "with one too (ray start --min-worker-port/--max-worker-port).")
 
     # -- deployment policy: which code and data a job may use ------------------------------
     code_roles: CommaList = Field(
@@ -122,8 +146,25 @@ class Settings(BaseSettings):
     api_docs: bool = Field(default=False, description="Serve /docs and /redoc (the "
                            "OpenAPI schema at /openapi.json is always served).")
 
+    # -- request side of tenant isolation: failed logins, /metrics -------------------------
+    login_failures_max: int = Field(
+        default=10, ge=1, le=100_000,
+        description="Failed logins (bad bearer token, bad dashboard login) one client address "
+        "may make within login_failures_window_s; then 429 with Retry-After.")
+    login_failures_window_s: float = Field(
+        default=60.0, gt=0, le=86400, description="The window failed logins are counted in.")
+    login_throttle_clients: int = Field(
+        default=10_000, ge=1, le=10_000_000,
+        description="Client addresses whose failed logins are remembered (least recently "
+        "failed forgotten first).")
+    metrics_anonymous: Literal["cluster", "off"] = Field(
+        default="cluster",
+        description="What /metrics shows a scrape without a token: cluster: the cluster-level "
+        "series only (no job, user or rank); off: nothing (401). With a token, also the "
+        "series of the jobs that token may read.")
+
     @field_validator("code_roles", "allowed_import_prefixes", "data_roots", "working_dir_roots",
-                     "allowed_hosts",
+                     "allowed_hosts", "hide_paths",
                      "trusted_proxies", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -178,7 +219,37 @@ class Settings(BaseSettings):
         return Policy(code_roles=frozenset(Role(r) for r in self.code_roles),
                       import_prefixes=tuple(self.allowed_import_prefixes),
                       data_roots=tuple(str(Path(r).resolve()) for r in roots),
-                      working_dir_roots=tuple(str(Path(r).resolve()) for r in code))
+                      working_dir_roots=tuple(str(Path(r).resolve()) for r in code),
+                      isolated=self.isolation is IsolationMode.ISOLATED)
+
+    @property
+    def worker_port_range(self) -> tuple[int, int]:
+        lo, _, hi = self.ray_worker_ports.partition("-")
+        low, high = int(lo), int(hi)
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"MESHYARD_RAY_WORKER_PORTS={self.ray_worker_ports!r}: give "
+                             "LOW-HIGH with 1024 <= LOW <= HIGH <= 65535")
+        return low, high
+
+    def job_confinement(self, *, api_port: int | None = None) -> JobConfinement:
+        """What every rank of user code is confined to, from the control plane's side: its
+        data dir, runs dir and package store hidden (the data roots and working-dir roots
+        readable), its API port (`api_port`: the one it listens on) and a local database
+        closed (orchestrator/isolation/modes.py)."""
+        data = self.data_dir.resolve()
+        hide = [data, Path(self.resolved_runs_dir).resolve(), self.packages_dir.resolve(),
+                *(Path(p).resolve() for p in self.hide_paths)]
+        listening = self.port if api_port is None else api_port
+        ports = {listening} if listening > 0 else set()
+        db = local_database(self.resolved_database_url)
+        if db is not None:
+            ports |= set(db[0])
+            hide += [Path(p) for p in db[1]]
+        policy = self.policy()
+        return JobConfinement(
+            mode=self.isolation, hide=tuple(str(p) for p in dict.fromkeys(hide)),
+            denied_ports=tuple(sorted(ports)),
+            read_only=tuple(dict.fromkeys([*policy.data_roots, *policy.working_dir_roots])))
 
     def quota_defaults(self) -> Quota:
         return Quota(max_queued_jobs=self.default_max_queued_jobs,
@@ -192,6 +263,32 @@ class Settings(BaseSettings):
         return name in LOOPBACK_HOSTS or "*" in self.allowed_hosts or \
             name in (h.strip("[]").lower() for h in self.allowed_hosts) or \
             (self.host not in ("0.0.0.0", "::", "") and name == self.host.strip("[]").lower())
+
+
+_PG_SOCKET_DIRS = ("/run/postgresql", "/var/run/postgresql")
+
+
+def local_database(url: str) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """(ports, socket dirs) of a database server on this host that a job must not reach
+    (None: SQLite, or a server elsewhere, which its own credentials guard).
+
+    >>> local_database("postgresql+psycopg://u@127.0.0.1:5433/m")
+    ((5433,), ('/run/postgresql', '/var/run/postgresql'))
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - an unparsable URL fails elsewhere, with its reason
+        return None
+    if not parsed.drivername.startswith("postgresql"):
+        return None
+    host = parsed.host or str(parsed.query.get("host") or "")
+    if host and not host.startswith("/") and host not in LOOPBACK_HOSTS:
+        return None
+    sockets = tuple(dict.fromkeys([*([host] if host.startswith("/") else []),
+                                   *_PG_SOCKET_DIRS]))
+    return (parsed.port or 5432,), sockets
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,8 @@
 """Shared fixtures: database URLs for SQLite and PostgreSQL, and the samples folder.
 
-PostgreSQL cases run when MESHYARD_TEST_POSTGRES_URL is set (`.ci/run` sets it to the local
-server); each test gets a fresh database, dropped afterwards.
+PostgreSQL cases run against MESHYARD_TEST_POSTGRES_URL when it is set, else against the local
+server on 127.0.0.1:5432 when one answers (tests/postgres.py decides), and skip with the
+reason otherwise; each test gets a fresh database, dropped afterwards.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,11 +19,14 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PG_ENV = "MESHYARD_TEST_POSTGRES_URL"
 
 
-def _pg_base_url() -> str | None:
-    return os.environ.get(PG_ENV) or None
+def pytest_report_header(config: pytest.Config) -> str:
+    from tests.postgres import postgres_base_url, postgres_source
+
+    if postgres_base_url():
+        return f"postgresql: {postgres_source()}"
+    return f"postgresql: cases skip: {postgres_source()}"
 
 
 @pytest.fixture
@@ -31,11 +36,13 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for one test; skipped without MESHYARD_TEST_POSTGRES_URL."""
-    base = _pg_base_url()
+    """A fresh PostgreSQL database for one test; skipped, with the reason, when there is no
+    server (tests/postgres.py)."""
+    from tests.postgres import postgres_base_url, postgres_source, scratch_postgres_database
+
+    base = postgres_base_url()
     if not base:
-        pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)")
-    from tests.postgres import scratch_postgres_database
+        pytest.skip(postgres_source())
 
     with scratch_postgres_database(base) as url:
         yield url
@@ -73,8 +80,8 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Folders with the longest tests first; each folder's modules, and each module's tests,
     kept together and in order, so a run that fails on a slow module says so early. `make
-    test` hands whole modules to its two xdist workers in this order (a package-scoped Ray
-    cluster starts once in each worker that runs a module of that package)."""
+    test` hands whole modules, or the groups of modules in SHARED_CLUSTERS, to its two xdist
+    workers in this order."""
     first: dict[Path, int] = {}
     rank: dict[Path, int] = {}
     for i, item in enumerate(items):
@@ -82,3 +89,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         first.setdefault(folder, i)
         rank[folder] = min(rank.get(folder, 2), _rank(item))
     items.sort(key=lambda it: (rank[Path(str(it.path)).parent], first[Path(str(it.path)).parent]))
+
+
+# Test files whose modules share a package-scoped Ray cluster, by path prefix -> group. Under
+# `make test` (--dist loadfile) a group goes to one xdist worker as one unit, as a module
+# does, so its cluster starts once in the run instead of once in each worker.
+SHARED_CLUSTERS = {
+    "tests/integration/runtime/": "runtime-cluster",  # its conftest's ray_cluster
+    "tests/integration/watchdog/test_runtime_hangs.py": "watchdog-ray",  # its conftest's
+    "tests/integration/watchdog/test_user_hangs.py": "watchdog-ray",
+}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit `make test` gives one worker: a SHARED_CLUSTERS group, else the test file."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in SHARED_CLUSTERS.items()
+                 if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with the files of a SHARED_CLUSTERS group kept together (xdist's
+    own --dist loadgroup reads xdist_group marks from a node id suffix that pytest 9's node
+    ids no longer carry, so it spreads a group's tests over both workers)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedClusterScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return SharedClusterScheduling(config, log)

@@ -1,10 +1,54 @@
-"""A throwaway PostgreSQL database for tests and benchmarks: created, yielded, dropped."""
+"""The PostgreSQL server the tests use, and throwaway databases on it.
+
+`postgres_base_url()` is the one place that decides whether PostgreSQL cases run: an explicit
+MESHYARD_TEST_POSTGRES_URL wins (a server that then does not answer fails those tests rather
+than skipping them); otherwise the local server `.ci/run` uses (127.0.0.1:5432, database
+`test`, user postgres) is used when it answers; otherwise `postgres_skip_reason()` says why
+the PostgreSQL cases skip.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+PG_ENV = "MESHYARD_TEST_POSTGRES_URL"
+LOCAL_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@functools.cache
+def _detect() -> tuple[str | None, str]:
+    """(base URL, how it was chosen or why there is none); probed once per process."""
+    explicit = os.environ.get(PG_ENV)
+    if explicit:
+        return explicit, f"{PG_ENV} ({explicit})"
+    try:
+        import psycopg
+    except ImportError as e:
+        return None, (f"{PG_ENV} is not set and psycopg is not installed ({e}); "
+                      "install meshyard[postgres] to run the PostgreSQL cases")
+    try:
+        with psycopg.connect(host="127.0.0.1", port=5432, user="postgres", dbname="test",
+                             connect_timeout=3):
+            pass
+    except Exception as e:  # noqa: BLE001 - any failure to connect means "no local server"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, (f"{PG_ENV} is not set and no PostgreSQL answers at {LOCAL_POSTGRES_URL} "
+                      f"({first})")
+    return LOCAL_POSTGRES_URL, f"the local server at {LOCAL_POSTGRES_URL} ({PG_ENV} not set)"
+
+
+def postgres_base_url() -> str | None:
+    """The server URL PostgreSQL cases run against, or None when they skip."""
+    return _detect()[0]
+
+
+def postgres_source() -> str:
+    """Where the URL came from, or, when there is none, why PostgreSQL cases skip."""
+    return _detect()[1]
 
 
 @contextmanager

@@ -52,6 +52,8 @@ def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
     else:
         verb = "submitted" if job.created else "already submitted"
         typer.echo(f"{job.id} {verb} ({job.name}, {job.world_size} ranks, {job.state.value})")
+    for w in job.warnings:
+        typer.echo(f"warning: {w.loc}: {w.msg}", err=True)
 
 
 @app.command("list")

@@ -134,28 +134,21 @@ def calibrate_doc(raw: list[dict[str, Any]], *, link_class: str, nproc: int) -> 
 
 def _run_on_ray(*, settings: Any, cfg: dict[str, Any], max_ranks: int, cpus_per_rank: float,
                 timeout_s: float, as_json: bool) -> dict[str, Any]:
-    import ray
-
-    from orchestrator.runtime.calibrate import calibrate_on_ray
-    from orchestrator.runtime.service import connect_ray
+    from orchestrator.runtime.calibrate import calibrate_cluster
 
     declared = None
     if settings.cluster_file:
         from orchestrator.topology.declared import load_cluster_file
         declared = load_cluster_file(settings.cluster_file)
-    started = connect_ray(settings.ray_address)
 
     def say(probe: Any) -> None:
         if not as_json:
             typer.echo(f"probe {probe.level}: {probe.ranks} ranks on "
                        f"{', '.join(sorted(set(probe.nodes)))}"
                        f"{' (GPUs)' if probe.gpu else ' (CPUs)'}")
-    try:
-        return calibrate_on_ray(declared=declared, cfg=cfg, cpus_per_rank=cpus_per_rank,
-                                max_ranks=max_ranks, timeout_s=timeout_s, on_probe=say)
-    finally:
-        if started:
-            ray.shutdown()
+    return calibrate_cluster(ray_address=settings.ray_address, declared=declared, cfg=cfg,
+                             cpus_per_rank=cpus_per_rank, max_ranks=max_ranks,
+                             timeout_s=timeout_s, on_probe=say)
 
 
 @app.command("calibrate")
@@ -188,7 +181,8 @@ def calibrate_cmd(
     level, fit alpha/beta per level and link class, store calibration.json."""
     if link_class not in LINK_CLASSES:
         raise _fail(f"--link-class {link_class!r}: use one of {LINK_CLASSES}", as_json=as_json)
-    from workers.calibrate import parse_size, run
+    from orchestrator.planner.calibration.fit import parse_size
+    from orchestrator.runtime.calibrate import calibrate_local
 
     settings = settings_from(data_dir=data_dir, ray_address=ray_address, cluster_file=cluster)
     try:
@@ -197,8 +191,8 @@ def calibrate_cmd(
             raise ValueError(f"--min-bytes {min_bytes} is above --max-bytes {max_bytes}")
         if local:
             with tempfile.TemporaryDirectory() as tmp:
-                raw = run(nproc=nproc, out=Path(tmp) / "rows.json", min_bytes=lo, max_bytes=hi,
-                          iters=iters)
+                raw = calibrate_local(nproc=nproc, out=Path(tmp) / "rows.json", min_bytes=lo,
+                                    max_bytes=hi, iters=iters)
             doc = calibrate_doc(raw, link_class=link_class, nproc=nproc)
         else:
             from orchestrator.planner.calibration.fit import PRIMITIVES

@@ -54,7 +54,7 @@ def token_create(
     if database_url is not None:
         if user is None:
             raise _fail("offline (--database-url), give --user")
-        from orchestrator.access import Role
+        from orchestrator.admission.access import Role
 
         try:
             with offline_store(database_url) as store:

@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 
 from api.cli.app import app
-from orchestrator.ansi import strip_ansi
-from orchestrator.ranges import format_ranges
+from orchestrator.text.ansi import strip_ansi
+from orchestrator.text.ranges import format_ranges
 from orchestrator.topology.declared import cluster_to_dict, load_cluster_file
 from orchestrator.topology.discovery import discover_local_node
 from orchestrator.topology.labels import (

@@ -1,7 +1,7 @@
 """`meshyard watch [OPTIONS] -- COMMAND...`: run a launcher (torchrun, or any command whose
 Python workers get RANK) on this machine under meshyard's hang watchdog, with the probe in
 every rank and no change to the code; on a hang print the report and keep the evidence
-directory `meshyard diagnose` reads (orchestrator/watchdog/local_watch.py)."""
+directory `meshyard diagnose` reads (api/cli/local_watch.py)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,14 @@ def watch(command: Annotated[list[str], typer.Argument(
               "(imports, model download, compile); default 300.")] = None,
           observe: Annotated[bool, typer.Option(
               "--observe", help="Report a hang but leave the job running.")] = False) -> None:
-    """Watch a torchrun job for hangs: which rank, where in your code, and why."""
+    """Watch a torchrun job for hangs: which rank, where in your code, and why.
+
+    Exit status: the launcher's own (0 when training finished); 3 when a hang was diagnosed
+    and the job ended by it (not with --observe); 2 for a bad option; 127 when the launcher
+    cannot be run.
+    """
+    from api.cli.local_watch import LocalWatch
     from orchestrator.spec import Watchdog
-    from orchestrator.watchdog.local_watch import LocalWatch
 
     try:
         policy = Watchdog(stall_timeout_s=stall_timeout_s, first_step_timeout_s=first_timeout_s)

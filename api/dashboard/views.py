@@ -8,27 +8,30 @@ holds which GPU.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import yaml
 
-from orchestrator.health import NodeStatus
+from api.store_views import cluster_of
 from orchestrator.mesh import MeshShape
+from orchestrator.nodes.health_policy import NodeStatus
 from orchestrator.placement.cost import ModelDims, communication_signature, estimate_slots
 from orchestrator.placement.links import LinkModel
-from orchestrator.ranges import format_ranges
-from orchestrator.spec import SpecValidationError, parse_spec
+from orchestrator.spec import SpecKind, SpecValidationError
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
-from orchestrator.topology.declared import parse_cluster_doc
+from orchestrator.text.ranges import format_ranges
+from orchestrator.usercode.entrypoint import redact_env
 
 log = logging.getLogger(__name__)
 
 
-def spec_yaml(spec: dict[str, Any]) -> str:
-    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False, allow_unicode=True)
+def spec_yaml(spec: dict[str, Any], *, viewer: UserRecord) -> str:
+    """The spec as YAML, `entrypoint.env` values `***` to anyone but an admin."""
+    shown = spec if viewer.is_admin else redact_env(spec)
+    return yaml.safe_dump(shown, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def human_bytes(n: int) -> str:
@@ -83,35 +86,6 @@ class CommView:
     total: str
 
 
-def cluster_levels(nodes: Sequence[NodeRecord]) -> tuple[str, ...]:
-    """Label levels above the node, finest first: a stored `levels` list if the runtime wrote
-    one into a node's topology, else the label keys in the order the nodes list them."""
-    for n in nodes:
-        stored = n.topology.get("levels") if isinstance(n.topology, dict) else None
-        if isinstance(stored, list) and all(isinstance(x, str) for x in stored):
-            return tuple(stored)
-    seen: dict[str, None] = {}
-    for n in nodes:
-        for key in n.labels:
-            if "/" not in key and key != "node":  # ray.io/node-id and friends are not levels
-                seen.setdefault(str(key), None)
-    return tuple(seen)
-
-
-def _cluster_from_nodes(nodes: Sequence[NodeRecord]) -> Any:
-    levels = cluster_levels(nodes)
-    doc = {"levels": list(levels),
-           "nodes": [{"name": n.name, "labels": {k: str(n.labels.get(k, "")) for k in levels},
-                      **({"topology": _topology_doc(n.topology)} if n.topology.get("gpus")
-                         else {"gpus": n.gpus})}
-                     for n in nodes]}
-    return parse_cluster_doc(doc)
-
-
-def _topology_doc(topology: dict[str, Any]) -> dict[str, Any]:
-    return {k: topology[k] for k in ("gpus", "nics", "links") if k in topology}
-
-
 def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
               nodes: Sequence[NodeRecord]) -> tuple[dict[str, Any], str]:
     """Per-dimension estimate from where the ranks run, or ({}, why not)."""
@@ -122,7 +96,7 @@ def _estimate(mesh: MeshShape, dims: ModelDims, ranks: Sequence[RankRecord],
     if not nodes or any(r.node is None or r.gpu is None for r in ranks):
         return {}, "No estimate: ranks run without GPUs or the cluster topology is unknown."
     try:
-        cluster = _cluster_from_nodes(nodes)
+        cluster = cluster_of(nodes)
         slots = [(str(r.node), int(r.gpu or 0)) for r in sorted(ranks, key=lambda r: r.rank)]
         est = estimate_slots(slots, mesh=mesh, links=LinkModel(cluster), model=dims)
     except (ValueError, KeyError) as exc:
@@ -137,9 +111,14 @@ def comm_signature(job: JobRecord, *, ranks: Sequence[RankRecord],
                    nodes: Sequence[NodeRecord]) -> CommView | None:
     """The cost model's table for this job; None when its spec no longer parses."""
     try:
-        spec = parse_spec(job.spec)
+        spec = job.spec
     except SpecValidationError:
         return None
+    if spec.kind is SpecKind.USER_CODE:
+        return CommView(rows=(), total="—", note=(
+            "This job runs its own code: meshyard does not know its model, so it estimates "
+            "no communication. The collectives its ranks run are counted in the rank table "
+            "and named in a hang's diagnosis."))
     mesh = MeshShape.from_parallelism(spec.parallelism)
     dims = ModelDims.from_spec(spec)
     rows = communication_signature(mesh, dims)
@@ -200,12 +179,48 @@ class GpuUse:
 
 @dataclass(frozen=True)
 class Holder:
-    """One job's share of a node: which GPUs and ranks, as compact ranges ('0–3, 6')."""
+    """One job's share of a node: which GPUs and ranks, as compact ranges ('0–3, 6'), and
+    the CPUs its ranks reserved there."""
 
     job_id: str | None
     job_name: str
     gpus: str
     ranks: str
+    cpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class CpuHold:
+    """The CPUs one job's ranks reserved on one node (its attempt's placement)."""
+
+    job_id: str | None  # None: a job the viewer may not see
+    job_name: str
+    cpus: float
+    ranks: tuple[int, ...]
+
+
+def cpu_usage(jobs: Iterable[tuple[JobRecord, Mapping[str, Any] | None]], *,
+              viewer: UserRecord) -> dict[str, list[CpuHold]]:
+    """Node name -> the CPUs each active job reserved there, from each job's current
+    attempt's placement (`GangPlan.to_dict()`: a bundle per rank, with its CPUs)."""
+    out: dict[str, dict[str | None, CpuHold]] = {}
+    for job, placement in jobs:
+        visible = viewer.sees_all_jobs or job.owner == viewer.name
+        for b in (placement or {}).get("bundles", ()) or ():
+            cpus = float((b.get("resources") or {}).get("CPU", 0.0) or 0.0)
+            node = b.get("node")
+            if not node or cpus <= 0:
+                continue
+            key = job.id if visible else f"hidden:{job.id}"
+            was = out.setdefault(str(node), {}).get(key)
+            rank = b.get("rank")
+            ranks = (was.ranks if was else ()) + ((int(rank),) if visible and rank is not None
+                                                   else ())
+            out[str(node)][key] = CpuHold(
+                job_id=job.id if visible else None,
+                job_name=job.name if visible else "another user's job",
+                cpus=(was.cpus if was else 0.0) + cpus, ranks=ranks)
+    return {node: list(by_job.values()) for node, by_job in out.items()}
 
 
 @dataclass(frozen=True)
@@ -218,6 +233,7 @@ class NodeView:
     used: int
     nvlink_pairs: int
     holders: tuple[Holder, ...] = ()
+    cpus_used: float = 0.0  # reserved by the active jobs' ranks
 
 
 def ranges(values: Iterable[int]) -> str:
@@ -225,14 +241,20 @@ def ranges(values: Iterable[int]) -> str:
     return format_ranges(values, dash="–", sep=", ")
 
 
-def _holders(gpus: Sequence[GpuUse]) -> tuple[Holder, ...]:
+def _holders(gpus: Sequence[GpuUse], cpus: Sequence[CpuHold] = ()) -> tuple[Holder, ...]:
     by_job: dict[tuple[str | None, str], list[GpuUse]] = {}
     for g in gpus:
         if g.job_id is not None or g.hidden:
             by_job.setdefault((g.job_id, g.job_name), []).append(g)
-    return tuple(Holder(job_id=jid, job_name=name, gpus=ranges(g.gpu for g in held),
-                        ranks=ranges(g.rank for g in held if g.rank is not None))
-                 for (jid, name), held in by_job.items())
+    cpu_of = {(c.job_id, c.job_name): c for c in cpus}
+    out = [Holder(job_id=jid, job_name=name, gpus=ranges(g.gpu for g in held),
+                  ranks=ranges(g.rank for g in held if g.rank is not None),
+                  cpus=cpu_of[(jid, name)].cpus if (jid, name) in cpu_of else 0.0)
+           for (jid, name), held in by_job.items()]
+    # Jobs with CPU ranks only here (a CPU cluster, or a job's CPU-only ranks).
+    out += [Holder(job_id=c.job_id, job_name=c.job_name, gpus="", ranks=ranges(c.ranks),
+                   cpus=c.cpus) for c in cpus if (c.job_id, c.job_name) not in by_job]
+    return tuple(out)
 
 
 def _nvlink_pairs(topology: dict[str, Any]) -> int:
@@ -275,27 +297,42 @@ class ClusterNow:
     total: int
     used: int
     alive: int
+    cpus_total: float = 0.0
+    cpus_used: float = 0.0
+
+    @property
+    def summary(self) -> str:
+        """'2 of 8 GPUs in use on 2 live nodes · 3 of 64 CPUs reserved', or on a cluster
+        without GPUs '3 of 64 CPUs reserved on 2 live nodes'."""
+        cpus = f"{self.cpus_used:g} of {self.cpus_total:g} CPUs reserved"
+        if not self.total:
+            return f"{cpus} on {self.alive} live nodes"
+        return f"{self.used} of {self.total} GPUs in use on {self.alive} live nodes · {cpus}"
 
 
-def cluster_now(nodes: Sequence[NodeRecord],
-                usage: dict[tuple[str, int], GpuUse]) -> ClusterNow:
-    views = node_views(nodes, usage)
+def cluster_now(nodes: Sequence[NodeRecord], usage: dict[tuple[str, int], GpuUse],
+                cpus: Mapping[str, Sequence[CpuHold]] | None = None) -> ClusterNow:
+    views = node_views(nodes, usage, cpus)
     live = [n for n in views if n.alive]
     return ClusterNow(nodes=views, total=sum(len(n.gpus) for n in live),
-                      used=sum(n.used for n in live), alive=len(live))
+                      used=sum(n.used for n in live), alive=len(live),
+                      cpus_total=sum(n.cpus for n in live),
+                      cpus_used=round(sum(n.cpus_used for n in live), 3))
 
 
-def node_views(nodes: Sequence[NodeRecord],
-               usage: dict[tuple[str, int], GpuUse]) -> list[NodeView]:
+def node_views(nodes: Sequence[NodeRecord], usage: dict[tuple[str, int], GpuUse],
+               cpus: Mapping[str, Sequence[CpuHold]] | None = None) -> list[NodeView]:
     views = []
     for n in nodes:
         count = max(n.gpus, len(n.topology.get("gpus", []) or []))
         gpus = tuple(usage.get((n.name, g), GpuUse(gpu=g, job_id=None, job_name="", rank=None))
                      for g in range(count))
         used = sum(1 for g in gpus if g.job_id is not None or g.hidden)
+        held = (cpus or {}).get(n.name, ())
         views.append(NodeView(name=n.name, alive=n.alive, labels=dict(n.labels), gpus=gpus,
                               cpus=n.cpus, used=used, nvlink_pairs=_nvlink_pairs(n.topology),
-                              holders=_holders(gpus)))
+                              holders=_holders(gpus, held),
+                              cpus_used=round(sum(c.cpus for c in held), 3)))
     return views
 
 

@@ -6,21 +6,45 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import StoreDep, UserDep
+from api.deps import RuntimeDep, SettingsDep, StoreDep, UserDep
 from api.params import SinceQuery, text_query
 from api.responses import model_response
-from api.schemas import Cluster, Node, NodeTopology, NodeUsageList, NodeUsagePoint, Topology
+from api.schemas import (
+    Cluster,
+    Isolation,
+    Node,
+    NodeTopology,
+    NodeUsageList,
+    NodeUsagePoint,
+    Topology,
+)
+from api.state import RuntimeHooks
+from orchestrator.isolation.modes import TRUSTED_WARNING, IsolationMode
+from orchestrator.settings import Settings
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
 
 
 @router.get("", operation_id="getCluster", response_model=Cluster)
-def get_cluster(user: UserDep, store: StoreDep) -> Response:
+def get_cluster(user: UserDep, store: StoreDep, settings: SettingsDep,
+                runtime: RuntimeDep) -> Response:
     nodes = store.list_nodes()
     alive = [n for n in nodes if n.alive]
     return model_response(Cluster(nodes=[Node.model_validate(n) for n in nodes],
                                   total_gpus=sum(n.gpus for n in alive),
-                                  total_cpus=sum(n.cpus for n in alive)))
+                                  total_cpus=sum(n.cpus for n in alive),
+                                  isolation=_isolation(settings, runtime)))
+
+
+def _isolation(settings: Settings, runtime: RuntimeHooks | None) -> Isolation | None:
+    if runtime is None:
+        return None
+    if settings.isolation is IsolationMode.TRUSTED:
+        return Isolation(mode="trusted", confined=False, detail=TRUSTED_WARNING)
+    check = runtime.isolation
+    if check is None:
+        return Isolation(mode="isolated", confined=False, detail="not checked yet")
+    return Isolation(mode="isolated", confined=check.ok, detail=check.describe())
 
 
 @router.get("/topology", operation_id="getClusterTopology", response_model=Topology)

@@ -1,13 +1,19 @@
-"""/v1/jobs/{id}/...: what the control plane recorded about a job (read-only)."""
+"""/v1/jobs/{id}/...: what the control plane recorded about a job (read-only), and a complete
+checkpoint's files as a download."""
 
 from __future__ import annotations
 
-import time
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path as FsPath
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.responses import StreamingResponse
 
-from api.deps import JobDep, StoreDep
+from api.deps import JobDep, SettingsDep, StoreDep
+from api.errors import ApiError, NotFound, Unprocessable
 from api.params import After, AttemptQuery, RankQuery, SinceQuery, StepQuery
 from api.responses import model_response
 from api.schemas import (
@@ -22,13 +28,19 @@ from api.schemas import (
     GoodputOut,
     MetricList,
     MetricPoint,
+    MetricSeries,
+    MetricSeriesPage,
     Rank,
     RankCondition,
     RankList,
     UsageList,
     UsagePoint,
 )
-from orchestrator.goodput import Goodput, from_records
+from api.store_views import job_goodput
+from orchestrator.bounds.limits import INT32_MAX
+from orchestrator.isolation import runfiles
+from orchestrator.spec import FieldIssue
+from orchestrator.store.metric_values import FIXED_FIELDS, MAX_KEYS_PER_JOB, valid_key
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 from orchestrator.watchdog.condition import JobCondition, rank_states
@@ -77,12 +89,83 @@ def list_ranks(job: JobDep, store: StoreDep,
         for r in ranks]))
 
 
+MAX_VALUES = 200_000  # extra values one /metrics page may carry (rows x keys)
+MAX_SERIES_KEYS = 32
+MAX_SERIES_RANKS = 16
+KeysQuery = Annotated[str | None, Query(
+    max_length=MAX_KEYS_PER_JOB * 65, pattern=r"^[A-Za-z0-9_.:/,-]*$",
+    description="Comma-separated metric names; default: every one the job stored.")]
+
+
+def _names(raw: str | None, *, most: int) -> list[str] | None:
+    if raw is None:
+        return None
+    names = list(dict.fromkeys(k for k in raw.split(",") if k))
+    bad = [k for k in names if not valid_key(k)]
+    if bad:
+        raise ApiError(422, f"keys: {bad[0]!r} is not a metric name (1-64 characters of letters, "
+                         "digits and _ . : / -, starting with a letter or _)")
+    if len(names) > most:
+        raise ApiError(422, f"keys: {len(names)} names; at most {most} per request")
+    return names
+
+
 @router.get("/metrics", operation_id="listJobMetrics", response_model=MetricList)
 def list_metrics(job: JobDep, store: StoreDep,
                  rank: RankQuery = None, after_step: StepQuery = None,
-                 limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Response:
+                 limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+                 keys: KeysQuery = None) -> Response:
+    """The raw rows, step order: the fixed fields, and in `values` the other metrics the
+    job reported (those `keys` names; `keys=` for none). A page carries at most 200,000
+    values: with many keys, fewer rows than `limit` (page on with `after_step`)."""
+    names = _names(keys, most=MAX_KEYS_PER_JOB)
+    stored = store.list_metric_keys(job.id)
+    wanted = stored if names is None else [k for k in names if k in stored]
+    if wanted:
+        limit = min(limit, max(1, MAX_VALUES // len(wanted)))
     points = store.list_metrics(job.id, rank=rank, after_step=after_step, limit=limit)
-    return model_response(MetricList(items=[MetricPoint.model_validate(p) for p in points]))
+    values = store.list_extra_values(job.id, rank=rank, first_step=points[0].step,
+                                     last_step=points[-1].step, keys=wanted) \
+        if points and wanted else {}
+    return model_response(MetricList(keys=stored, items=[
+        MetricPoint.model_validate(p).model_copy(update={
+            "values": values.get((p.attempt, p.rank, p.step), {})}) for p in points]))
+
+
+@router.get("/metrics/series", operation_id="getJobMetricSeries",
+            response_model=MetricSeriesPage)
+def metric_series(job: JobDep, store: StoreDep,
+                  keys: Annotated[str, Query(
+                      min_length=1, max_length=MAX_SERIES_KEYS * 65,
+                      pattern=r"^[A-Za-z0-9_.:/,-]+$",
+                      description="Comma-separated metric names, fixed or reported (at most "
+                      f"{MAX_SERIES_KEYS}).")],
+                  ranks: Annotated[str, Query(
+                      max_length=MAX_SERIES_RANKS * 11, pattern=r"^[0-9]+(,[0-9]+)*$",
+                      description=f"Comma-separated ranks (at most {MAX_SERIES_RANKS}).")] = "0",
+                  points: Annotated[int, Query(ge=10, le=2000, description=(
+                      "Buckets per series at most."))] = 400,
+                  from_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+                  to_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None) -> Response:
+    """Each (key, rank) downsampled on the server: the steps in [from_step, to_step] are cut
+    into at most `points` buckets of equal width, and each bucket gives its first step and
+    time, mean, min and max (a spike survives as its bucket's max) and its row count. A range
+    of fewer steps than `points` returns every row (`bucket_steps` 1). The raw rows are
+    `GET .../metrics`."""
+    names = _names(keys, most=MAX_SERIES_KEYS) or []
+    rank_list = sorted({int(x) for x in ranks.split(",")})
+    if len(rank_list) > MAX_SERIES_RANKS or rank_list[-1] > INT32_MAX:
+        raise ApiError(422, f"ranks: at most {MAX_SERIES_RANKS} ranks, each at most {INT32_MAX}")
+    if from_step is not None and to_step is not None and to_step < from_step:
+        raise ApiError(422, f"to_step {to_step} is before from_step {from_step}")
+    stored = store.list_metric_keys(job.id)
+    known = set(stored) | set(FIXED_FIELDS)
+    page = store.metric_series(job.id, keys=[k for k in names if k in known], ranks=rank_list,
+                               points=points, from_step=from_step, to_step=to_step)
+    return model_response(MetricSeriesPage(
+        keys=stored, fixed=list(FIXED_FIELDS), from_step=page.from_step, to_step=page.to_step,
+        bucket_steps=page.bucket_steps, rows=page.rows,
+        items=[MetricSeries.model_validate(x) for x in page.series]))
 
 
 @router.get("/usage", operation_id="listJobUsage", response_model=UsageList)
@@ -104,11 +187,71 @@ def list_checkpoints(job: JobDep, store: StoreDep) -> Response:
                                                 for c in found]))
 
 
-def job_goodput(job: JobRecord, store: Store) -> Goodput:
-    """The job's goodput ledger now (orchestrator/goodput.py)."""
-    return from_records(events=store.list_events(job.id, limit=10_000),
-                        metrics=store.list_metrics(job.id, rank=0, limit=100_000),
-                        diagnoses=store.list_diagnoses(job.id), now=time.time())
+MAX_CHECKPOINT_DOWNLOAD_BYTES = 4 * 2**30  # a checkpoint larger than this is not served
+MAX_CHECKPOINT_FILES = 10_000
+_CHUNK = 1 << 20
+
+
+@router.get("/checkpoints/{attempt}/{step}/download", operation_id="downloadJobCheckpoint",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {}},
+                             "description": "The checkpoint's files, as an uncompressed tar."}})
+def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
+                        attempt: Annotated[int, Path(ge=1, le=INT32_MAX)],
+                        step: Annotated[int, Path(ge=0, le=INT32_MAX)]) -> StreamingResponse:
+    """One complete checkpoint (GET .../checkpoints lists them) as a tar of its folder, read
+    only from inside the job's own run dir, never through a link (a link or a special file
+    anywhere in it refuses the download), at most MAX_CHECKPOINT_FILES files and
+    MAX_CHECKPOINT_DOWNLOAD_BYTES."""
+    found = next((c for c in store.list_checkpoints(job.id)
+                  if c.attempt == attempt and c.step == step), None)
+    if found is None:
+        raise NotFound(f"job {job.id} has no checkpoint of step {step} in attempt {attempt}; "
+                       f"GET /v1/jobs/{job.id}/checkpoints lists them")
+    if found.removed:
+        raise NotFound(f"the checkpoint of step {step} was pruned from disk "
+                       "(checkpoint.keep); a newer one is kept")
+    run_dir = FsPath(settings.resolved_runs_dir).resolve() / job.id
+    try:
+        files = runfiles.walk_files(run_dir, found.path, max_files=MAX_CHECKPOINT_FILES)
+    except runfiles.UnsafePath as exc:
+        raise Unprocessable([FieldIssue("path", f"not served: {exc}", "unsafe_path")]) from None
+    except ValueError as exc:
+        raise ApiError(413, f"the checkpoint holds {exc}; copy it from the node") from None
+    except OSError:
+        raise NotFound(f"the checkpoint of step {step} is not on this server's disk "
+                       f"({found.path})") from None
+    total = sum(size for _, size in files)
+    if total > MAX_CHECKPOINT_DOWNLOAD_BYTES:
+        raise ApiError(413, f"the checkpoint is {total} bytes, over the "
+                       f"{MAX_CHECKPOINT_DOWNLOAD_BYTES}-byte download limit; copy it from "
+                       "the node")
+    folder = f"{job.id}-step{step}"
+    base = FsPath(found.path)
+    base = base if base.is_absolute() else run_dir / base
+
+    def chunks() -> Iterator[bytes]:
+        for name, size in files:
+            info = tarfile.TarInfo(f"{folder}/{name}")
+            info.size, info.mode, info.mtime = size, 0o644, int(found.at.timestamp())
+            yield info.tobuf(format=tarfile.PAX_FORMAT)
+            left = size
+            fd = runfiles.open_read(run_dir, base / name)
+            with os.fdopen(fd, "rb") as f:
+                while left > 0:
+                    data = f.read(min(_CHUNK, left))
+                    if not data:
+                        break
+                    left -= len(data)
+                    yield data
+            if left:
+                yield b"\0" * left  # the file shrank since it was listed: its size stays
+            if size % tarfile.BLOCKSIZE:
+                yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
+        yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+    return StreamingResponse(chunks(), media_type="application/x-tar", headers={
+        "Content-Disposition": f'attachment; filename="{folder}.tar"'})
 
 
 @router.get("/goodput", operation_id="getJobGoodput", response_model=GoodputOut)

@@ -10,22 +10,33 @@ reusing the id with a different spec is a 422.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from api.admission import admit, check_policy
-from api.deps import JobDep, SettingsDep, StoreDep, UserDep, WriterDep
+from api.deps import (
+    ClusterShapeDep,
+    JobDep,
+    RuntimeDep,
+    SettingsDep,
+    StoreDep,
+    UserDep,
+    WriterDep,
+)
 from api.errors import ApiError, Unprocessable
 from api.params import text_query
 from api.responses import model_response
-from api.routes.plans import record_plan, resolve_submitted, same_submission
 from api.schemas import Job, JobPage, JobSummary, SubmitResult
-from orchestrator.documents import parse_document
-from orchestrator.lifecycle import JobState
-from orchestrator.spec import FieldIssue, parse_spec
-from orchestrator.store.jobs import BadCursor
+from api.state import RuntimeHooks
+from api.submission import check_resume_from, record_plan, resolve_submitted, same_submission
+from orchestrator.admission.documents import parse_document
+from orchestrator.lifecycle import JobEventKind, JobState, Reason
+from orchestrator.spec import FieldIssue, parse_spec, spec_warnings
+from orchestrator.store.jobs import BadCursor, JobFacts
+from orchestrator.store.records import JobRecord, UserRecord
+from orchestrator.usercode.entrypoint import PACKAGE_RE, redact_env
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -100,44 +111,75 @@ def split_submission(data: Any, *, header_key: str | None) -> tuple[Any, str | N
              responses={200: {"model": SubmitResult, "description": "Retry of an earlier "
                                                                    "submission."}})
 def submit_job(body: Annotated[RawBody, Depends(raw_body)], user: WriterDep, store: StoreDep,
-               settings: SettingsDep, request: Request,
+               settings: SettingsDep, runtime: RuntimeDep, shape: ClusterShapeDep,
                idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+               working_dir: Annotated[str | None, Query(
+                   max_length=80, pattern=PACKAGE_RE.pattern,
+                   description="An uploaded package (`package:sha256:<hex>`, from POST "
+                   "/v1/packages) set as the spec's `entrypoint.working_dir`: a spec written "
+                   "without it runs that code.")] = None,
                ) -> Response:
     """Checks in order: the document, the spec, the deployment policy (api/admission.py),
-    `parallelism: auto`, cluster fit, quotas; then stores the job."""
+    `parallelism: auto`, cluster fit, quotas; then stores the job. What in the spec is known
+    to train badly comes back as `warnings` (and a warning event), the job accepted."""
     data = parse_document(body.text, yaml_body=body.yaml)
     spec_data, submission_id = split_submission(data, header_key=idempotency_key)
+    if working_dir is not None:
+        spec_data = with_working_dir(spec_data, working_dir)
     submitted = parse_spec(spec_data)
-    check_policy(submitted, user=user, settings=settings)
+    check_policy(submitted, user=user, settings=settings, code_refusal=_code_refusal(runtime))
     spec, planned = resolve_submitted(submitted, store=store, settings=settings)  # auto
+    check_resume_from(spec, user=user, store=store)
     quota = admit(spec, user=user, settings=settings, store=store,
-                  shape=request.app.state.cluster_shape)
+                  shape=shape)
     job, created = store.submit_job(spec, owner=user.name, submission_id=submission_id,
                                     max_queued=quota.max_queued_jobs)
     if created and planned is not None:
         record_plan(store, job.id, planned)
+    warnings = spec_warnings(spec)
     if created:
-        _wake_scheduler(request)
+        for w in warnings:
+            store.add_event(job.id, kind=JobEventKind.WARNING, reason=Reason.SPEC_WARNING.value,
+                            message=f"{w.loc}: {w.msg}", data={"loc": w.loc})
+        if runtime is not None:
+            runtime.poke()  # schedule now rather than at the next tick
     if not created and not same_submission(store, job, submitted=submitted, resolved=spec):
         # draft-ietf-httpapi-idempotency-key-header: a reused key with another payload is 422.
         raise Unprocessable([FieldIssue("submission_id", f"already used for job {job.id} with "
                                         "a different spec; choose a new submission_id",
                                         "idempotency_key_reused")])
-    return model_response(SubmitResult.model_validate({**_fields(job), "created": created}),
-                          status_code=201 if created else 200,
+    shown = public_job(job, viewer=user)
+    result = SubmitResult.model_validate({
+        **_fields(shown), "created": created,
+        "warnings": [{"loc": w.loc, "msg": w.msg} for w in warnings]})
+    return model_response(result, status_code=201 if created else 200,
                           headers={"Location": f"/v1/jobs/{job.id}"})
 
 
-def _wake_scheduler(request: Request) -> None:
-    """Runs the in-process runtime's scheduler and poller passes now rather than at their
-    next tick (up to `tick_s` later); a server without a runtime has nothing to wake."""
-    poke = getattr(request.app.state.runtime, "poke", None)
-    if callable(poke):
-        poke()
+def with_working_dir(spec_data: Any, working_dir: str) -> Any:
+    """The spec with `entrypoint.working_dir` set (a spec without an entrypoint is a 422:
+    only an entrypoint runs shipped code).
+
+    >>> with_working_dir({"entrypoint": {"command": ["python", "t.py"]}}, "package:sha256:ab")
+    {'entrypoint': {'command': ['python', 't.py'], 'working_dir': 'package:sha256:ab'}}
+    """
+    entry = spec_data.get("entrypoint") if isinstance(spec_data, dict) else None
+    if not isinstance(entry, dict):
+        raise Unprocessable([FieldIssue("entrypoint", "working_dir ships code for an "
+                                        "entrypoint, but the spec has no `entrypoint` "
+                                        "(command or function); add one", "missing")])
+    return {**spec_data, "entrypoint": {**entry, "working_dir": working_dir}}
+
+
+def _code_refusal(runtime: RuntimeHooks | None) -> str | None:
+    """Why the in-process runtime refuses non-admins' code now (isolated mode on a host
+    that cannot confine it); None without a runtime or when it confines."""
+    return runtime.code_refusal() if runtime is not None else None
 
 
 def _fields(record: Any) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in Job.model_fields}
+    return {name: record.spec_doc if name == "spec" else getattr(record, name)
+            for name in Job.model_fields if hasattr(record, name) or name == "spec"}
 
 
 @router.get("", operation_id="listJobs", response_model=JobPage)
@@ -149,26 +191,51 @@ def list_jobs(
     name: Annotated[str | None, text_query("Part of the job name.")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, text_query("From next_cursor.")] = None,
+    condition: Annotated[Literal["hung", "straggling"] | None, Query(
+        description="Only jobs whose open diagnosis says they are hung (or straggling).")]
+    = None,
 ) -> Response:
     try:
         jobs, next_cursor = store.list_jobs(
             viewer=user, state=[s.value for s in state] if state else None, owner=owner,
-            name=name, limit=limit, cursor=cursor, with_spec=False)
+            name=name, limit=limit, cursor=cursor, condition=condition, with_spec=False)
     except BadCursor as exc:
         raise Unprocessable([FieldIssue("query.cursor", str(exc), "value_error")]) from None
-    return model_response(JobPage(items=[JobSummary.model_validate(j) for j in jobs],
-                                  next_cursor=next_cursor))
+    facts = store.job_facts([j.id for j in jobs])
+    return model_response(JobPage(items=[with_facts(JobSummary.model_validate(j), facts)
+                                         for j in jobs], next_cursor=next_cursor))
+
+
+M = TypeVar("M", bound=JobSummary)
+
+
+def with_facts(out: M, facts: dict[str, JobFacts]) -> M:
+    """The job with what its events say: when it first ran, who cancelled it."""
+    found = facts.get(out.id)
+    if found is None:
+        return out
+    return out.model_copy(update={"started_at": found.started_at,
+                                  "cancelled_by": found.cancelled_by})
 
 
 @router.get("/{job_id}", operation_id="getJob", response_model=Job)
-async def get_job(job: JobDep) -> Response:
-    return model_response(Job.model_validate(job))
+def get_job(job: JobDep, user: UserDep, store: StoreDep) -> Response:
+    return model_response(with_facts(Job.model_validate(public_job(job, viewer=user)),
+                                     store.job_facts([job.id])))
 
 
 @router.post("/{job_id}/cancel", operation_id="cancelJob", response_model=Job)
-def cancel_job(job: JobDep, user: WriterDep, store: StoreDep, request: Request) -> Response:
+def cancel_job(job: JobDep, user: WriterDep, store: StoreDep, runtime: RuntimeDep) -> Response:
     """Queued jobs end at once (CANCELLED); running ones go to CANCELLING and stop.
     Cancelling a finished job changes nothing and answers with the job."""
     cancelled = store.request_cancel(job.id, viewer=user)
-    _wake_scheduler(request)
-    return model_response(Job.model_validate(cancelled))
+    if runtime is not None:
+        runtime.poke()
+    return model_response(with_facts(Job.model_validate(public_job(cancelled, viewer=user)),
+                                     store.job_facts([job.id])))
+
+
+def public_job(job: JobRecord, *, viewer: UserRecord) -> JobRecord:
+    """The job as `viewer` may see it: `entrypoint.env` values are write-only, shown as
+    `***` to everyone but admins (its owner included)."""
+    return job if viewer.is_admin else replace(job, spec_doc=redact_env(job.spec_doc or {}))

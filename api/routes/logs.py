@@ -22,19 +22,19 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Credential, credential, lookup
-from api.deps import JobDep, StoreDep, UserDep
+from api.deps import JobDep, StoreDep, StreamSlotsDep, UserDep
 from api.params import After, AttemptQuery, RankQuery, text_query
 from api.responses import model_response
 from api.schemas import LogLine, LogList
 from api.streams import SlotStreamingResponse
-from orchestrator.lifecycle import JobState
-from orchestrator.limits import INT32_MAX, INT64_MAX
+from orchestrator.bounds.limits import INT32_MAX, INT64_MAX
+from orchestrator.lifecycle import JobState, LogStream
 from orchestrator.store.repo import Store
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
@@ -43,7 +43,7 @@ _BATCH = 1000
 RECHECK_S = 2.0
 
 
-Stream = Literal["stdout", "stderr", "log"]
+Stream = LogStream
 _DOWNLOAD_BATCH = 5000
 
 
@@ -131,6 +131,7 @@ async def _follow(store: Store, request: Request, *, job_id: str, rank: int | No
             responses={200: {"content": {"application/x-ndjson": {}},
                              "description": "One LogLine JSON object per line."}})
 async def follow_logs(job: JobDep, user: UserDep, store: StoreDep, request: Request,
+                      slots: StreamSlotsDep,
                       rank: RankQuery = None,
                       tail: Annotated[int | None, Query(
                           ge=1, le=10_000, description="Start with the last N lines.")] = 100,
@@ -138,7 +139,7 @@ async def follow_logs(job: JobDep, user: UserDep, store: StoreDep, request: Requ
                       ) -> StreamingResponse:
     cred = credential(request)
     assert cred is not None  # JobDep authenticated the caller with it
-    release = request.app.state.stream_slots.acquire(user.id, user.name)
+    release = slots.acquire(user.id, user.name)
     return SlotStreamingResponse(_follow(store, request, job_id=job.id, rank=rank, after=after,
                                          tail=tail, cred=cred),
                                  release=release, media_type="application/x-ndjson")

@@ -16,7 +16,8 @@ from api.deps import AdminDep, SettingsDep, StoreDep, UserDep
 from api.errors import NotFound
 from api.responses import model_response
 from api.schemas import CordonBody, NodeHealthList, NodeHealthOut
-from orchestrator.health import NodeStatus, admin_cordon, admin_uncordon, node_statuses
+from api.store_views import statuses
+from orchestrator.nodes.health_policy import NodeStatus, admin_cordon, admin_uncordon
 from orchestrator.settings import Settings
 from orchestrator.spec import PRINTABLE_RE
 from orchestrator.store.repo import Store
@@ -36,12 +37,6 @@ def _out(s: NodeStatus) -> NodeHealthOut:
                          permanent=s.permanent, cordoned_gpus=list(s.cordoned_gpus),
                          diagnosis_ids=list(s.diagnosis_ids),
                          evidence=[e.to_dict() for e in s.evidence])
-
-
-def statuses(store: Store, settings: Settings) -> list[NodeStatus]:
-    return node_statuses(nodes=[(n.name, n.node_id, n.alive) for n in store.list_nodes()],
-                         entries=store.list_node_health(), now=time.time(),
-                         policy=settings.health_policy())
 
 
 def _one(store: Store, settings: Settings, name: str) -> NodeHealthOut:

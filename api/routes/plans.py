@@ -18,18 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.deps import SettingsDep, StoreDep, UserDep
 from api.errors import Unprocessable
-from orchestrator import limits as lim
-from orchestrator.documents import document_issue
-from orchestrator.placement.holds import busy_gpus, gpu_holds
-from orchestrator.placement.snapshot import cluster_from_records
-from orchestrator.planner.autoplan import format_table, hardware_for, resolve_auto
+from api.store_views import cluster_from_store
+from orchestrator.admission.documents import document_issue
+from orchestrator.bounds import limits as lim
+from orchestrator.planner.autoplan import format_table, hardware_for
 from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.memory import KNOWN_MODELS, ModelShape
 from orchestrator.planner.planner import Hardware, PlanningError, PlanRequest, PlanResult, plan
 from orchestrator.settings import Settings
-from orchestrator.spec import FieldIssue, JobSpec
+from orchestrator.spec import FieldIssue
 from orchestrator.store.repo import Store
-from orchestrator.topology.declared import load_cluster_file, parse_cluster_doc
+from orchestrator.topology.declared import parse_cluster_doc
 from orchestrator.topology.model import ClusterTopology
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -107,16 +106,6 @@ def model_shape(value: str | ModelBody | dict[str, Any]) -> ModelShape:
     return ModelShape(name="model", **data)
 
 
-def store_cluster(store: Store, settings: Settings) -> ClusterTopology:
-    """The cluster now as the store knows it: alive GPU nodes, busy where active jobs hold
-    GPUs; the label levels of the declared cluster file when the server has one."""
-    levels: tuple[str, ...] = ()
-    if settings.cluster_file is not None and settings.cluster_file.exists():
-        levels = load_cluster_file(settings.cluster_file).levels
-    holds = [h for _, held in gpu_holds(store) for h in held]
-    return cluster_from_records(store.list_nodes(), levels=levels, busy=busy_gpus(holds))
-
-
 def _fail(loc: str, exc: Exception) -> Unprocessable:
     return Unprocessable([FieldIssue(loc, str(exc), "value_error")])
 
@@ -150,7 +139,7 @@ def run_plan(body: PlanBody, *, store: Store, settings: Settings) -> PlanResult:
         cluster = request_cluster(body.cluster)
     else:
         try:
-            cluster = store_cluster(store, settings)
+            cluster = cluster_from_store(store, settings)
         except ValueError as exc:
             raise _fail("cluster", exc) from None
     hw = body.hardware
@@ -176,35 +165,3 @@ def create_plan(body: PlanBody, user: UserDep, store: StoreDep,
         raise Unprocessable([FieldIssue("gpus", result.no_fit.message(), "no_feasible_plan")],
                             extensions={"no_fit": result.no_fit.as_dict()})
     return PlanResponse(result=result.as_dict(), table=format_table(result))
-
-
-def resolve_submitted(spec: JobSpec, *, store: Store, settings: Settings
-                      ) -> tuple[JobSpec, dict[str, Any] | None]:
-    """For the submit route: a `parallelism: auto` spec becomes the top plan's spec; returns
-    the plan (top plans, table) to record with the job, or None for other specs."""
-    if not spec.parallelism.auto:
-        return spec, None
-    try:
-        resolved, result = resolve_auto(spec, cluster=store_cluster(store, settings),
-                                        figures=load_figures(settings.data_dir))
-    except PlanningError as exc:
-        raise _fail("parallelism.auto", exc) from None
-    assert result is not None
-    return resolved, {"plan": result.plans[0].as_dict(), "result": result.as_dict(),
-                      "table": format_table(result), "submitted": spec.model_dump(mode="json")}
-
-
-def same_submission(store: Store, job: Any, *, submitted: JobSpec, resolved: JobSpec) -> bool:
-    """Is a retried submission the same payload? An auto spec is compared as submitted (its
-    plan may differ now that the cluster has changed), others as stored."""
-    if not submitted.parallelism.auto:
-        return bool(job.spec == resolved.model_dump(mode="json"))
-    planned = next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"), None)
-    return planned is not None and planned.get("submitted") == submitted.model_dump(mode="json")
-
-
-def record_plan(store: Store, job_id: str, planned: dict[str, Any]) -> None:
-    store.add_event(job_id, kind="info", reason="PLANNED",
-                    message=f"parallelism: auto -> {planned['plan']['label']} "
-                            f"(est. {planned['plan']['step_s']:.3g} s/step)", data=planned)
-

@@ -3,7 +3,8 @@
 POST records a request (one open at a time per job; the job must have running workers); the
 leader's runtime has the attempt's controller collect the stacks through the hang watchdog's
 diagnostics path (orchestrator/runtime/stack_requests.py). GET answers with its state and,
-once done, the stacks grouped: identical ones merged with the ranks that share them.
+once done, the stacks grouped: ranks whose threads stand in the same user and library frames
+merged (orchestrator/watchdog/stacks.py), each frame marked user, library or wrapper.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ from api.deps import JobDep, StoreDep, WriterDep
 from api.errors import Conflict, NotFound
 from api.responses import model_response
 from api.schemas import StackRequest, StackRequestList
+from orchestrator.bounds.limits import INT32_MAX
 from orchestrator.lifecycle import JobState
-from orchestrator.limits import INT32_MAX
 from orchestrator.store.records import StackRequestRecord
 from orchestrator.store.stack_requests import StackRequestBusy
+from orchestrator.watchdog.stacks import parse_frames
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/stacks", tags=["job data"])
 _WITH_WORKERS = (JobState.STARTING, JobState.RUNNING, JobState.CANCELLING)
+
+
+def _with_frames(group: dict[str, Any]) -> dict[str, Any]:
+    """A group stored before frames were parsed gets them from its text."""
+    if "frames" in group or not isinstance(group.get("stack"), str):
+        return group
+    return {**group, "frames": [f.to_dict() for f in parse_frames(group["stack"])]}
 
 
 def _out(record: StackRequestRecord) -> StackRequest:
@@ -31,8 +40,10 @@ def _out(record: StackRequestRecord) -> StackRequest:
         "id": record.id, "job_id": record.job_id, "attempt": record.attempt,
         "requested_by": record.requested_by, "requested_at": record.requested_at,
         "state": record.state, "finished_at": record.finished_at,
-        "groups": result.get("groups") or [], "ranks_answered": result.get("ranks_answered", 0),
-        "errors": result.get("errors") or {}, "error": result.get("error") or ""})
+        "groups": [_with_frames(g) for g in result.get("groups") or []],
+        "ranks_answered": result.get("ranks_answered", 0),
+        "errors": result.get("errors") or {}, "error": result.get("error") or "",
+        "native": result.get("native") or []})
 
 
 @router.post("", operation_id="requestStacks", response_model=StackRequest, status_code=202)

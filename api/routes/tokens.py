@@ -1,23 +1,24 @@
 """/v1/tokens: API tokens over the API. Admins manage anyone's; everyone else their own.
 
 POST {"user"?, "role"?, "label"?} makes a token (and the user, for an admin naming a new one)
-and answers it once; GET lists tokens (never the tokens themselves); DELETE revokes one. A
-token revoked here stops working on this server at once, on other replicas within seconds.
+and answers it once; GET lists tokens (never the tokens themselves); DELETE revokes one, and
+ends the dashboard sessions it opened. A token revoked here (and its sessions) stops working
+on this server at once, on other replicas within seconds.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import StoreDep, UserDep
+from api.deps import StoreDep, TokenCacheDep, UserDep
 from api.errors import Conflict, Forbidden, NotFound
 from api.responses import model_response
 from api.schemas import TokenCreated, TokenInfo, TokenList
-from orchestrator.access import Role
-from orchestrator.limits import INT32_MAX
+from orchestrator.admission.access import Role
+from orchestrator.bounds.limits import INT32_MAX
 from orchestrator.store.records import UserRecord
 from orchestrator.store.users import MAX_LABEL, USER_NAME_RE
 
@@ -79,11 +80,11 @@ def list_tokens(caller: UserDep, store: StoreDep,
 
 @router.delete("/{token_id}", operation_id="revokeToken", response_model=TokenInfo)
 def revoke_token(token_id: TokenId, caller: UserDep, store: StoreDep,
-                 request: Request) -> Response:
+                 cache: TokenCacheDep) -> Response:
     """Another user's token is 404 for non-admins, like a token that does not exist."""
     done = store.revoke_token(token_id, owner=None if caller.is_admin else caller.name)
     if done is None:
         raise NotFound(f"token {token_id} not found")
     record, digest = done
-    request.app.state.token_cache.forget_digest(digest)
+    cache.forget_digest(digest)
     return model_response(TokenInfo.model_validate(record))

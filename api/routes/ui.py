@@ -11,10 +11,11 @@ scripts and styles come only from /static, so nothing inline ever runs.
 from __future__ import annotations
 
 import mimetypes
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi import Path as FastPath
@@ -38,15 +39,26 @@ from api.dashboard.session import (
     csrf_token,
     origin_ok,
 )
-from api.deps import SettingsDep, StoreDep
+from api.deps import (
+    RuntimeDep,
+    SettingsDep,
+    StoreDep,
+    ThrottleDep,
+    TokenCacheDep,
+)
 from api.errors import NotFound
-from api.routes.job_data import job_goodput
-from api.routes.nodes import statuses as node_statuses
-from orchestrator.access import may_submit
-from orchestrator.limits import INT32_MAX
+from api.store_views import cluster_levels, job_goodput
+from api.store_views import statuses as node_statuses
+from api.throttle import client_address
+from orchestrator.admission.access import may_submit
+from orchestrator.bounds.limits import INT32_MAX
+from orchestrator.isolation import runfiles
+from orchestrator.lifecycle import Reason
 from orchestrator.placement.holds import gpu_holds
-from orchestrator.store.records import UserRecord
+from orchestrator.store.records import NodeRecord, UserRecord
+from orchestrator.store.repo import Store
 
+MAX_ARTIFACT_BYTES = 16 * 2**20
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 STATIC_DIR = DASHBOARD_DIR / "static"
 templates = Jinja2Templates(directory=str(DASHBOARD_DIR / "templates"))
@@ -92,12 +104,13 @@ def _session(request: Request, store: StoreDep) -> Session:
 SessionDep = Annotated[Session, Depends(_session)]
 
 
-async def _reader(request: Request, store: StoreDep) -> UserRecord:
+async def _reader(request: Request, store: StoreDep, cache: TokenCacheDep,
+                  throttle: ThrottleDep) -> UserRecord:
     """A bearer token (scripts, curl) or the dashboard session: artifact links work with
     either. Without any credential, the browser goes to the login page."""
     if bearer_token(request) is None and cookie_session(request) is None:
         raise LoginRequired()
-    return await authenticate(request, store, request.app.state.token_cache)
+    return await authenticate(request, store, cache, throttle)
 
 
 ReaderDep = Annotated[UserRecord, Depends(_reader)]
@@ -133,11 +146,19 @@ def login_form(request: Request, store: StoreDep) -> Response:
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, store: StoreDep, settings: SettingsDep) -> Response:
+async def login(request: Request, store: StoreDep, settings: SettingsDep,
+                throttle: ThrottleDep) -> Response:
     """Form post (never a query string: tokens stay out of URLs and logs). Opens a server-side
-    session; the cookie carries the session's secret, not the token."""
+    session; the cookie carries the session's secret, not the token. A bad token counts as a
+    failed login of the client's address (api/throttle.py); over the limit, 429."""
     if not origin_ok(request):
         return page(request, "login.html", status=403, error="Cross-site login refused.")
+    client = client_address(request)
+    if (wait := throttle.retry_after(client)) is not None:
+        response = page(request, "login.html", status=429, error="Too many failed logins "
+                        f"from your address; try again in {wait} s.")
+        response.headers["Retry-After"] = str(wait)
+        return response
     body = await request.body()
     if len(body) > MAX_LOGIN_BODY:
         return page(request, "login.html", status=413, error="Token too long.")
@@ -145,6 +166,7 @@ async def login(request: Request, store: StoreDep, settings: SettingsDep) -> Res
     opened = await run_in_threadpool(store.open_session, token,
                                      ttl_s=settings.session_ttl_s) if token else None
     if opened is None:
+        throttle.failed(client)
         return page(request, "login.html", status=401,
                     error="That token is not valid. Create one with `meshyard token create`.")
     response = RedirectResponse("/", status_code=303)
@@ -154,7 +176,7 @@ async def login(request: Request, store: StoreDep, settings: SettingsDep) -> Res
 
 
 @router.post("/logout")
-async def logout(request: Request, store: StoreDep) -> Response:
+async def logout(request: Request, store: StoreDep, cache: TokenCacheDep) -> Response:
     """Deletes the session: the cookie's secret stops working at once, even if kept."""
     secret = cookie_session(request)
     if secret is not None:
@@ -163,7 +185,7 @@ async def logout(request: Request, store: StoreDep) -> Response:
         if problem is not None:
             return secure(Response(problem, status_code=403, media_type="text/plain"))
         await run_in_threadpool(store.close_session, secret)
-        request.app.state.token_cache.forget(SESSION_KEY + secret)
+        cache.forget(SESSION_KEY + secret)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
     return secure(response)
@@ -181,16 +203,17 @@ def submit_page(request: Request, session: SessionDep) -> Response:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep) -> Response:
+def job_page(job_id: str, request: Request, session: SessionDep, store: StoreDep,
+             settings: SettingsDep) -> Response:
     job = store.get_job(_job_id(job_id), viewer=session.user)
     if job is None:
         return page(request, "not_found.html", status=404, session=session,
                     what=f"job {_job_id(job_id)}")
     return page(request, "job.html", session=session, active="jobs", job=job,
-                spec_yaml=views.spec_yaml(job.spec),
-                plan=next((e.data for e in store.list_events(job.id) if e.reason == "PLANNED"),
-                          None),
-                levels=views.cluster_levels(store.list_nodes()),
+                spec_yaml=views.spec_yaml(job.spec_doc or {}, viewer=session.user),
+                plan=next((e.data for e in store.list_events(job.id)
+                           if e.reason == Reason.PLANNED), None),
+                levels=cluster_levels(store.list_nodes(), settings),
                 goodput=job_goodput(job, store).to_dict())
 
 
@@ -208,20 +231,16 @@ def job_comm(job_id: str, session: SessionDep, store: StoreDep) -> Response:
 
 @router.get("/cluster", response_class=HTMLResponse)
 def cluster_page(request: Request, session: SessionDep, store: StoreDep,
-                 settings: SettingsDep) -> Response:
+                 settings: SettingsDep, runtime: RuntimeDep) -> Response:
     nodes = store.list_nodes()
-    levels = views.cluster_levels(nodes)
-    now = views.cluster_now(nodes, views.gpu_usage(gpu_holds(store), viewer=session.user))
+    levels = cluster_levels(nodes, settings)
+    now = _cluster_now(store, nodes, session)
     health = {s.name: views.health_cell(s) for s in node_statuses(store, settings)}
     return page(request, "cluster.html", session=session, active="cluster", levels=levels,
                 tree=views.level_tree(nodes, levels), nodes=now.nodes, total=now.total,
-                used=now.used, health=health,
-                pool=views.warm_pool_view(_pool_status(request), nodes))
-
-
-def _pool_status(request: Request) -> dict[str, Any] | None:
-    status = getattr(request.app.state.runtime, "pool_status", None)
-    return status() if callable(status) else None
+                used=now.used, health=health, summary=now.summary,
+                is_admin=session.user.is_admin,
+                pool=views.warm_pool_view(runtime.pool_status() if runtime else None, nodes))
 
 
 @router.get("/cluster.json")
@@ -229,33 +248,52 @@ def cluster_json(session: SessionDep, store: StoreDep, settings: SettingsDep) ->
     """What the cluster page redraws every poll: nodes, who holds which GPU (as the viewer may
     see it), the totals and each node's health cell. Utilisation comes from
     /v1/cluster/usage."""
-    now = views.cluster_now(store.list_nodes(),
-                            views.gpu_usage(gpu_holds(store), viewer=session.user))
+    now = _cluster_now(store, store.list_nodes(), session)
     health = {s.name: asdict(views.health_cell(s)) for s in node_statuses(store, settings)}
-    return secure(JSONResponse({**asdict(now), "health": health}))
+    return secure(JSONResponse({**asdict(now), "summary": now.summary, "health": health}))
+
+
+def _cluster_now(store: Store, nodes: list[NodeRecord], session: Session) -> views.ClusterNow:
+    """The nodes with the GPUs and CPUs the active jobs hold on them (as the viewer may see
+    who holds them)."""
+    placed = []
+    for job in store.active_jobs():
+        if job.current_attempt < 1:
+            continue
+        attempt = next((a for a in store.list_attempts(job.id)
+                        if a.number == job.current_attempt), None)
+        placed.append((job, attempt.placement if attempt is not None else None))
+    return views.cluster_now(nodes, views.gpu_usage(gpu_holds(store), viewer=session.user),
+                             views.cpu_usage(placed, viewer=session.user))
 
 
 @router.get("/jobs/{job_id}/artifacts/{diagnosis_id}/{index}")
 def artifact(job_id: str, diagnosis_id: Annotated[int, FastPath(ge=1, le=INT32_MAX)],
              index: Annotated[int, FastPath(ge=0, le=10_000)], user: ReaderDep,
-             store: StoreDep, request: Request) -> Response:
-    """Serves only a path a stored diagnosis lists, and only from under the data dir or the
-    runs dir: the URL names an index, never a path."""
+             store: StoreDep, settings: SettingsDep) -> Response:
+    """Serves a file a stored diagnosis lists, only from inside this job's own run dir, read
+    without following a link (the job wrote that dir) and up to MAX_ARTIFACT_BYTES: the URL
+    names an index, never a path."""
     job = store.get_job(_job_id(job_id), viewer=user)
     diagnoses = store.list_diagnoses(job.id) if job is not None else []
     found = next((d for d in diagnoses if d.id == diagnosis_id), None)
     paths = list(found.report.get("artifacts") or []) if found is not None else []
-    if not 0 <= index < len(paths):
+    if job is None or not 0 <= index < len(paths):
         raise NotFound("no such artifact")
-    settings = request.app.state.settings
-    data_dir = settings.data_dir.resolve()
-    path = Path(str(paths[index]))
-    path = (path if path.is_absolute() else data_dir / path).resolve()
-    roots = (data_dir, Path(settings.resolved_runs_dir).resolve())
-    if not any(path.is_relative_to(r) for r in roots) or not path.is_file():
-        raise NotFound(f"artifact {paths[index]!r} is not available on this server")
-    return secure(FileResponse(path, media_type="text/plain; charset=utf-8",
-                               filename=path.name, content_disposition_type="attachment"))
+    run_dir = Path(settings.resolved_runs_dir).resolve() / job.id
+    name = str(paths[index])
+    try:
+        fd = runfiles.open_read(run_dir, Path(name) if Path(name).is_absolute()
+                                else run_dir / name)
+    except OSError:
+        raise NotFound(f"artifact {name!r} is not available on this server") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_ARTIFACT_BYTES + 1)
+    if len(data) > MAX_ARTIFACT_BYTES:
+        data = data[:MAX_ARTIFACT_BYTES] + b"\n[cut at %d bytes]\n" % MAX_ARTIFACT_BYTES
+    filename = quote(Path(name).name) or "artifact"
+    return secure(Response(data, media_type="text/plain; charset=utf-8", headers={
+        "Content-Disposition": f"attachment; filename*=utf-8''{filename}"}))
 
 
 @router.get("/favicon.ico")

@@ -17,9 +17,9 @@ from api.deps import AdminDep, SettingsDep, StoreDep, UserDep
 from api.errors import Conflict, Forbidden, NotFound
 from api.responses import model_response
 from api.schemas import QuotaInfo, UserInfo, UserList
-from orchestrator.access import Role
-from orchestrator.limits import INT32_MAX, MAX_WORLD_SIZE
-from orchestrator.quotas import Quota
+from orchestrator.admission.access import Role
+from orchestrator.admission.quotas import Quota
+from orchestrator.bounds.limits import INT32_MAX, MAX_WORLD_SIZE
 from orchestrator.store.records import UserRecord
 from orchestrator.store.repo import Store
 from orchestrator.store.users import USER_NAME_RE

@@ -9,6 +9,7 @@
 # leaf=leaf-a, spine=spine-0, or Kubernetes/cloud keys such as nvidia.com/gpu.clique) and
 # MESHYARD_NODE_LABELS (k=v,k=v). The node is named MESHYARD_NODE_NAME (default: the short
 # hostname), the name a declared cluster file uses for it.
+# RAY_NUM_GPUS / RAY_NUM_CPUS declare the node's resources (default: what Ray detects).
 # MESHYARD_DRY_RUN=1 prints the ray command instead of running it.
 set -euo pipefail
 
@@ -29,7 +30,17 @@ fi
 labels="$("$MESHYARD_BIN/meshyard" "${topo_args[@]}")"
 echo "meshyard topology labels for $node_name: $labels" >&2
 
-cmd=("$MESHYARD_BIN/ray" start --block --labels "$labels")
+# Isolated mode keeps every job's ranks out of Ray's ports: the workers' must be a known
+# range (without one the node refuses user code), the same on every node.
+cmd=("$MESHYARD_BIN/ray" start --block --labels "$labels"
+     --min-worker-port "${RAY_MIN_WORKER_PORT:-10002}"
+     --max-worker-port "${RAY_MAX_WORKER_PORT:-19999}")
+if [[ -n "${RAY_NUM_GPUS:-}" ]]; then
+  cmd+=(--num-gpus "$RAY_NUM_GPUS")
+fi
+if [[ -n "${RAY_NUM_CPUS:-}" ]]; then
+  cmd+=(--num-cpus "$RAY_NUM_CPUS")
+fi
 if [[ -n "${RAY_NODE_IP:-}" ]]; then
   cmd+=(--node-ip-address "$RAY_NODE_IP")
 fi

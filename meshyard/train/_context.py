@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshyard import _protocol as proto
-
-DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+from meshyard.mesh import DIMS, MeshShape
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -36,13 +38,13 @@ class TrainContext:
     def from_environ(cls, env: Mapping[str, str] | None = None) -> TrainContext:
         e = os.environ if env is None else env
         world = _int(e, "WORLD_SIZE", 1)
-        names = tuple(n for n in e.get(proto.MESH_DIM_NAMES, "").split(",") if n) or DIM_NAMES
+        names = tuple(n for n in e.get(proto.MESH_DIM_NAMES, "").split(",") if n) or DIMS
         try:
             shape = tuple(int(x) for x in e.get(proto.MESH_SHAPE, "").split(",") if x)
         except ValueError:
             shape = ()
         if len(shape) != len(names):  # not under meshyard: all ranks data-parallel
-            names, shape = DIM_NAMES, (1, world, 1, 1)
+            names, shape = DIMS, MeshShape(dp_replicate=max(world, 1)).sizes
         return cls(world_rank=_int(e, "RANK", 0), local_rank=_int(e, "LOCAL_RANK", 0),
                    world_size=world, local_world_size=_int(e, "LOCAL_WORLD_SIZE", world),
                    node_rank=_int(e, "GROUP_RANK", 0), mesh_names=names, mesh_shape=shape,
@@ -66,19 +68,23 @@ class TrainContext:
 
     # meshyard's additions ------------------------------------------------------------------
     def get_mesh_shape(self) -> dict[str, int]:
-        """{"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 2}: the mesh the placement
-        optimised for (TP inside an NVLink domain, DP across nodes in switch order)."""
+        """{"pp": 1, "dp_replicate": 2, "dp_shard": 2, "ep": 1, "cp": 1, "tp": 2}: the mesh
+        the placement optimised for (TP inside an NVLink domain, DP across nodes in switch
+        order)."""
         return dict(zip(self.mesh_names, self.mesh_shape, strict=True))
 
+    def get_mesh_dims(self) -> MeshShape:
+        """The job's degrees as the rank <-> coordinates contract (`meshyard.mesh`)."""
+        return MeshShape.from_degrees(self.get_mesh_shape())
+
     def get_dp_rank(self) -> int:
-        """This rank's data-parallel index (which data shard it reads; TP peers share it)."""
-        m = self.get_mesh_shape()
-        dp = m.get("dp_replicate", 1) * m.get("dp_shard", 1)
-        return (self.world_rank // m.get("tp", 1)) % max(dp, 1)
+        """Which data shard this rank reads (`MeshShape.dp_index`): TP, CP and pipeline peers
+        share it; expert-parallel ranks read their own."""
+        return self.get_mesh_dims().dp_index(self.world_rank)
 
     def get_dp_size(self) -> int:
-        m = self.get_mesh_shape()
-        return m.get("dp_replicate", 1) * m.get("dp_shard", 1)
+        """How many distinct data shards the job reads (`MeshShape.data_shards`)."""
+        return self.get_mesh_dims().data_shards
 
     def get_device_mesh(self) -> Any:
         """torch's DeviceMesh over the job's dims (plus a flattened "dp"), built once; creates
@@ -96,8 +102,33 @@ class TrainContext:
     def get_attempt(self) -> int:
         return self.attempt
 
+    def should_stop(self) -> bool:
+        """True once meshyard asked this rank to stop: a higher-priority job preempts the job
+        (or it was cancelled). Save a checkpoint (`meshyard.train.report(..., checkpoint=)`)
+        and return; the job resumes from it when it fits again. The worker sends SIGTERM
+        with the request and SIGKILL after the job's `preemption.grace_s`. The first call,
+        from the main thread, makes SIGTERM set this flag instead of ending the process, so
+        a loop that asks every step gets the whole grace period to save."""
+        _watch_sigterm()
+        return _STOP.is_set() or _stop_file_exists()
+
 
 _CONTEXT: list[TrainContext] = []
+_STOP = threading.Event()
+_WATCHING: list[bool] = []
+
+
+def _watch_sigterm() -> None:
+    if _WATCHING or threading.current_thread() is not threading.main_thread():
+        return
+    _WATCHING.append(True)
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGTERM, lambda signum, frame: _STOP.set())
+
+
+def _stop_file_exists() -> bool:
+    path = os.environ.get(proto.STOP_FILE)
+    return path is not None and path != "" and os.path.exists(path)
 
 
 def get_context() -> TrainContext:

@@ -83,8 +83,11 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | None = None) -> 
     """Reports this rank's metrics (and optionally a checkpoint) for one step.
 
     `metrics["step"]`, when present, is the step; otherwise reports are counted (continuing
-    from the checkpoint a restart resumed from). `loss`, `grad_norm`, `step_time_s` and
-    `tokens_per_s` are charted like the built-in loop's.
+    from the checkpoint a restart resumed from). Every numeric value is stored and charted:
+    `loss`, `grad_norm`, `step_time_s` and `tokens_per_s` like the built-in loop's, any other
+    key in a chart of its own (`val_X` / `eval_X` drawn against `X`); a job keeps at most 64
+    such names of 1-64 letters, digits and `_ . : / -` (the service drops the rest and says
+    so in a job event).
     """
     if not isinstance(metrics, Mapping):
         raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")

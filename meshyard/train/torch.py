@@ -1,8 +1,10 @@
-"""Ray Train's `ray.train.torch` helpers on meshyard: the job's data parallelism applied by
-the same code as the built-in loop's (`meshyard.parallel`), and distributed data loading.
+"""Ray Train's `ray.train.torch` on meshyard: the job's data parallelism applied by the same
+code as the built-in loop's (`meshyard.parallel`), distributed data loading, and the driver's
+`TorchTrainer` (meshyard/train/_trainer.py), which runs the training function as a job.
 
     model = meshyard.train.torch.prepare_model(model)          # DDP, or FSDP2 / HSDP
     loader = meshyard.train.torch.prepare_data_loader(loader)  # sharded over DP, on device
+    result = meshyard.train.torch.TorchTrainer(train_func, scaling_config=...).fit()
 """
 
 from __future__ import annotations
@@ -18,6 +20,28 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from meshyard import _protocol as proto
 from meshyard import parallel
 from meshyard.train._context import get_context
+from meshyard.train._trainer import DataParallelTrainer
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Ray Train's TorchTrainer: `fit()` runs `train_loop_per_worker(train_loop_config)` in
+    every rank of a meshyard job, the default process group already made (gloo on CPU,
+    NCCL on GPU). `torch_config` is accepted for its `backend` / `timeout_s` and otherwise
+    left to the job's settings."""
+
+    def __init__(self, train_loop_per_worker: Any, *, torch_config: Any = None,
+                 **kwargs: Any) -> None:
+        super().__init__(train_loop_per_worker, **kwargs)
+        self.torch_config = torch_config
+
+
+class TorchConfig:
+    """Accepted for Ray Train compatibility: meshyard picks the backend (gloo on CPU, NCCL on
+    GPU) and the timeouts come from the job's `fault_tolerance`."""
+
+    def __init__(self, backend: str | None = None, init_method: str = "env",
+                 timeout_s: int = 1800) -> None:
+        self.backend, self.init_method, self.timeout_s = backend, init_method, timeout_s
 
 
 def get_device() -> torch.device:
@@ -76,8 +100,9 @@ class _DeviceLoader:
 
 
 def prepare_data_loader(loader: DataLoader[Any], *, move_to_device: bool = True) -> Any:
-    """A copy of `loader` whose sampler hands each data-parallel rank its own shard (TP peers
-    read the same one), shuffling when the original did; batches moved to the device."""
+    """A copy of `loader` whose sampler hands each rank its data shard (`ctx.get_dp_rank()` of
+    `ctx.get_dp_size()`: TP, CP and pipeline peers read the same one), shuffling when the
+    original did; batches moved to the device."""
     ctx = get_context()
     if ctx.get_dp_size() > 1 and not isinstance(loader.sampler, DistributedSampler):
         sampler: DistributedSampler[Any] = DistributedSampler(

@@ -153,21 +153,6 @@ def has_pools(root: Domain) -> bool:
     return root.pool or any(has_pools(c) for c in root.children if c.node is None)
 
 
-def by_level(root: Domain) -> list[list[Domain]]:
-    """Domains per depth, finest (nodes) first, the root last."""
-    depths: list[list[Domain]] = []
-
-    def walk(dom: Domain, depth: int) -> None:
-        while len(depths) <= depth:
-            depths.append([])
-        depths[depth].append(dom)
-        for child in dom.children:
-            walk(child, depth + 1)
-
-    walk(root, 0)
-    return list(reversed(depths))
-
-
 def bestfit_key(dom: Domain) -> tuple[int, int, int]:
     return (dom.cap, dom.free, dom.order)
 

@@ -9,18 +9,25 @@ Solver failures map to the pending kinds users see:
   INFEASIBLE, TP_DOMAIN_TOO_SMALL -> infeasible (never fits this cluster; waiting won't help)
   INSUFFICIENT_FREE               -> waiting (for running jobs to release GPUs)
   FRAGMENTED                      -> fragmented (enough GPUs in total, not in one domain)
+A job that is infeasible only because nodes are cordoned waits for them instead
+(`wait_for_cordons`: kind cordoned, naming each node, its reason and when its cordon ends).
 The store keeps `Pending.to_dict()` as the job's pending reason, which the API shows as is:
-  {"kind": "infeasible" | "waiting" | "fragmented" | "placement_timeout", "message": ..., numbers}
+  {"kind": "infeasible" | "waiting" | "fragmented" | "cordoned" | "placement_timeout",
+   "message": ..., numbers}
+(the scheduler's other kinds: "quota", and "reserved" with a `reservation` object, for the
+job GPUs are held back for: orchestrator/scheduling/reservation.py)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from orchestrator.mesh import MeshShape
+from orchestrator.nodes.health_policy import Cordon
 from orchestrator.placement.failure import FailureReason, PlacementFailure
 from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot
@@ -99,7 +106,9 @@ class PendingKind(StrEnum):
     WAITING = "waiting"
     FRAGMENTED = "fragmented"
     PLACEMENT_TIMEOUT = "placement_timeout"
-    QUOTA = "quota"  # the owner's running GPU / CPU quota is full (orchestrator/quotas.py)
+    CORDONED = "cordoned"  # fits the cluster only with cordoned nodes: waits for them
+    QUOTA = "quota"  # the owner's GPU / CPU quota is full (admission/quotas.py)
+    RESERVED = "reserved"  # first in line: GPUs are held back for it (scheduling/reservation.py)
 
 
 _KIND = {FailureReason.INFEASIBLE: PendingKind.INFEASIBLE,
@@ -111,7 +120,7 @@ _KIND = {FailureReason.INFEASIBLE: PendingKind.INFEASIBLE,
 @dataclass(frozen=True)
 class Pending:
     """Why a job is not placed now. GPU jobs carry the solver's `failure`; CPU jobs the CPU
-    numbers; a placement timeout how long Ray was given."""
+    numbers; a placement timeout how long Ray was given; a wait for cordons the cordons."""
 
     kind: PendingKind
     message: str
@@ -119,6 +128,7 @@ class Pending:
     total_gpus: int | None = None
     cpus: Mapping[str, float] = field(default_factory=dict)  # needed / free / total
     waited_s: float | None = None
+    cordons: tuple[Cordon, ...] = ()
 
     @classmethod
     def from_failure(cls, failure: PlacementFailure, *, total_gpus: int) -> Pending:
@@ -134,7 +144,37 @@ class Pending:
         out.update({f"{k}_cpus": v for k, v in self.cpus.items()})
         if self.kind == PendingKind.PLACEMENT_TIMEOUT:
             out["waited_s"] = self.waited_s
+        if self.cordons:
+            out["cordoned_nodes"] = [c.to_dict() for c in self.cordons]
         return out
+
+
+def wait_for_cordons(infeasible: Pending, *, with_cordoned: GangPlan | Pending,
+                     cordons: Sequence[Cordon]) -> Pending:
+    """What a job told `infeasible` with the cordoned nodes avoided waits for, given its plan
+    with them (`with_cordoned`): the cordons, when it fits the cluster with them (a cordon
+    ends, or an admin lifts it, so the job is not infeasible and its placement.timeout_s does
+    not run); else `infeasible` as it is.
+
+    >>> c = Cordon(node="n1", reason="cordoned by admin: maintenance", until=1_800_000_000.0)
+    >>> wait_for_cordons(Pending(PendingKind.INFEASIBLE, "never fits"), cordons=[c],
+    ...                  with_cordoned=Pending(PendingKind.WAITING, "busy")).message
+    'waiting for cordoned node n1 (cordoned by admin: maintenance) until 2027-01-15 08:00 UTC: \
+the job fits the cluster only with it; `meshyard node uncordon NAME` lifts a cordon early'
+    """
+    fits = not (isinstance(with_cordoned, Pending)
+                and with_cordoned.kind == PendingKind.INFEASIBLE)
+    if not cordons or not fits:
+        return infeasible
+    nodes = "; ".join(f"{c.node} ({c.reason}) " + (
+        f"until {datetime.fromtimestamp(c.until, UTC):%Y-%m-%d %H:%M} UTC"
+        if c.until is not None else "permanently, until an admin uncordons it")
+        for c in cordons)
+    them = "it" if len(cordons) == 1 else "them"
+    return Pending(PendingKind.CORDONED,
+                   f"waiting for cordoned node{'s' if len(cordons) > 1 else ''} {nodes}: the "
+                   f"job fits the cluster only with {them}; `meshyard node uncordon NAME` "
+                   "lifts a cordon early", cpus=infeasible.cpus, cordons=tuple(cordons))
 
 
 def wants_gpus(spec: JobSpec, snap: ClusterSnapshot) -> bool:

@@ -27,18 +27,14 @@ def memory_config(c: Candidate, *, local: int, req: PlanRequest) -> MemoryConfig
 
 
 def _worker_issue(c: Candidate, *, moe: bool) -> str | None:
-    """Layouts workers/parallelize.py and workers/pipeline.py refuse: DDP or ZeRO-1 (not
-    FSDP) together with TP, ZeRO-1 together with PP, and a MoE model with TP or PP."""
+    """Layouts the workers refuse (workers/loop/parallelize.py): ZeRO-1 together with TP or PP,
+    and a MoE model with TP or PP."""
     if moe and (c.tp > 1 or c.pp > 1):
         return (f"the workers run MoE models with ep, dp_shard and dp_replicate only, not with "
                 f"tp={c.tp} / pp={c.pp}")
-    if c.dp == 1 or c.zero_stage >= 2:
-        return None
-    if c.tp > 1:
-        return (f"the workers run DDP / ZeRO-1 only without TP (tp={c.tp}); shard data "
-                "parallelism (dp_shard, ZeRO-2/3) instead")
-    if c.zero_stage == 1 and c.pp > 1:
-        return "the workers do not run ZeRO-1 with pipeline parallelism"
+    if c.zero_stage == 1 and c.dp > 1 and (c.tp > 1 or c.pp > 1):
+        return (f"the workers run ZeRO-1 only without TP and PP (tp={c.tp}, pp={c.pp}); use "
+                "ZeRO-0, or shard data parallelism (dp_shard, ZeRO-2/3)")
     return None
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.limits import divisors
-from orchestrator.mesh import MeshShape
+from orchestrator.bounds.limits import divisors
+from orchestrator.mesh import Degrees
 from orchestrator.planner.memory import ModelShape
 
 _MAX_MICROBATCH_OPTIONS = 5
@@ -64,7 +64,7 @@ class PlanRequest:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Degrees):
     tp: int
     pp: int
     dp_shard: int
@@ -82,19 +82,6 @@ class Candidate:
     def schedule(self) -> str:
         return "interleaved_1f1b" if self.virtual_stages > 1 else "1f1b"
 
-    @property
-    def mesh(self) -> MeshShape:
-        return MeshShape(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
-                         ep=self.ep, cp=self.cp, tp=self.tp)
-
-    @property
-    def dp(self) -> int:
-        return self.dp_shard * self.dp_replicate
-
-    @property
-    def data_shards(self) -> int:
-        """Ranks reading distinct data: the global batch is split over these."""
-        return self.dp * self.ep
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -2,7 +2,7 @@
 
 For each probe of `probes.plan_probes` (inside the best GPU node, then one node pair per switch
 level), a placement group pins one bundle per rank to its node (`bundle_label_selector` on
-`ray.io/node-id`, as the scheduler does), a `workers.calibrate.CalibrationRank` actor runs in
+`ray.io/node-id`, as the scheduler does), a `workers.host.calibrate.CalibrationRank` actor runs in
 each bundle, rank 0's node address and a free port there form the rendezvous, and every rank
 runs the nccl-tests-style sweep. Probes run one after another so they never share links.
 What Ray could not place within `reserve_timeout_s`, or a sweep that does not finish within
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -24,13 +25,36 @@ from orchestrator.planner.calibration.probes import Probe, intra_link, plan_prob
 from orchestrator.planner.calibration.report import build_doc
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.topology.model import ClusterTopology
-from workers.calibrate import CalibrationRank
+from workers.host.calibrate import CalibrationRank, run
 
 log = logging.getLogger("meshyard.calibrate")
 
 
 class CalibrationError(RuntimeError):
     """A probe could not be placed or did not finish."""
+
+
+def calibrate_local(*, nproc: int, out: Path, min_bytes: int, max_bytes: int,
+                    iters: int) -> list[dict[str, Any]]:
+    """`meshyard calibrate --local`: `nproc` ranks on this host, no Ray; rank 0's rows."""
+    return run(nproc=nproc, out=out, min_bytes=min_bytes, max_bytes=max_bytes, iters=iters)
+
+
+def calibrate_cluster(*, ray_address: str | None, declared: ClusterTopology | None,
+                      cfg: dict[str, Any], cpus_per_rank: float, max_ranks: int,
+                      timeout_s: float,
+                      on_probe: Callable[[Probe], None] | None = None) -> dict[str, Any]:
+    """`meshyard calibrate`: connects to the Ray at `ray_address` (a local one started for the
+    run when None), runs every probe and shuts down what it started."""
+    from orchestrator.runtime.service import connect_ray
+
+    started = connect_ray(ray_address)
+    try:
+        return calibrate_on_ray(declared=declared, cfg=cfg, cpus_per_rank=cpus_per_rank,
+                                max_ranks=max_ranks, timeout_s=timeout_s, on_probe=on_probe)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def calibrate_on_ray(*, declared: ClusterTopology | None, cfg: dict[str, Any],
@@ -40,7 +64,7 @@ def calibrate_on_ray(*, declared: ClusterTopology | None, cfg: dict[str, Any],
     """Runs every probe on the connected Ray cluster; returns calibration.json's document.
 
     `cfg`: the sweep's primitives, min_bytes, max_bytes, warmup and iters
-    (``workers.calibrate.measure``). Ray must be initialised.
+    (``workers.host.calibrate.measure``). Ray must be initialised.
     """
     snap = build_snapshot(ray_nodes=read_ray_nodes(), topology=declared)
     probes = plan_probes(snap.cluster, free_cpus=snap.free_cpus, cpus_per_rank=cpus_per_rank,

@@ -32,10 +32,13 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.lifecycle import RankState, Reason
-from orchestrator.preflight import culprits_of
+from orchestrator.runtime.attempt_outcome import failed_outcome
+from orchestrator.runtime.checkpoint_seed import SeedError, seed_checkpoint
 from orchestrator.runtime.events import (
     NAMESPACE,
+    PHASE_ORDER,
     AttemptConfig,
+    AttemptPhase,
     Cancelled,
     Checkpoints,
     ControllerEvent,
@@ -57,16 +60,11 @@ from orchestrator.runtime.events import (
     attempt_controller_name,
     controller_name,
 )
-from orchestrator.runtime.failures import (
-    FailureGroup,
-    RankFailure,
-    attempt_failed,
-    group_failures,
-)
+from orchestrator.runtime.failures import Blame, FailureGroup, rank_end_states
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
-from orchestrator.watchdog.report import DiagnosisReport
+from orchestrator.spec import SpecKind
 
 _TICK_S = 0.25
 _STOP_GRACE_S = 2.0
@@ -108,19 +106,22 @@ class AttemptController:
         """Without a config: a spare, idle until `adopt` gives it an attempt."""
         self.log = _EventLog()
         self._cancel = threading.Event()
+        self._preempt_grace_s: float | None = None  # set: the stop is a preemption
         self._done = threading.Event()
         self._outcome: Terminal | None = None
         self._ranks: dict[int, RankStatus] = {}
         self._ranks_lock = threading.Lock()
+        self._final_ranks: dict[int, RankState] = {}
         self._thread: threading.Thread | None = None
         self._gang: WorkerGang | None = None
         self._adopt_lock = threading.Lock()
+        self.phase = AttemptPhase.IDLE
         self.cfg: AttemptConfig | None = None
         if config is not None:
             self._configure(config)
 
     def _configure(self, config: AttemptConfig) -> None:
-        self._user_code = config.spec.entrypoint is not None
+        self._user_code = config.spec.kind is SpecKind.USER_CODE
         self._checkpoints = ReportedCheckpoints(
             root=Path(config.run_dir) / "checkpoints", world_size=config.world_size,
             attempt=config.attempt) if self._user_code else None
@@ -155,7 +156,12 @@ class AttemptController:
         cfg = self.cfg
         return PollReply(events=self.log.after(after, limit), ranks=ranks, seq=self.log.seq,
                          outcome=outcome, job_id=cfg.job_id if cfg else "",
-                         attempt=cfg.attempt if cfg else 0)
+                         attempt=cfg.attempt if cfg else 0, phase=self.phase)
+
+    def _enter(self, phase: AttemptPhase) -> None:
+        """Moves the attempt's phase forward (never back: a late caller changes nothing)."""
+        if PHASE_ORDER.index(phase) > PHASE_ORDER.index(self.phase):
+            self.phase = phase
 
     def ack(self, cursor: int) -> None:
         self.log.ack(cursor)
@@ -165,6 +171,15 @@ class AttemptController:
         self._cancel.set()
         self._done.wait(timeout_s)
         return self.outcome()
+
+    def preempt(self, grace_s: float) -> bool:
+        """Stops the workers for a higher-priority job, as a cancel does, with `grace_s` for
+        them: the built-in loop stops after its next step and saves a checkpoint; a user-code
+        rank sees should_stop(), gets SIGTERM, and is killed after `grace_s`. Returns at once
+        (the outcome is a Cancelled event; the job's state says it was a preemption)."""
+        self._preempt_grace_s = max(0.0, float(grace_s))
+        self._cancel.set()
+        return True
 
     def outcome(self) -> str | None:
         return self._outcome.KIND.value if self._outcome is not None else None
@@ -182,13 +197,7 @@ class AttemptController:
             self.log.emit(Stacks(request_id=request_id, ranks={},
                                  error="the workers are not running yet"))
             return
-        replies = gang.diagnostics(request={"kind": "stacks"}, timeout_s=timeout_s)
-        ranks = {r: dict(x["stacks"]) for r, x in replies.items()
-                 if isinstance(x, dict) and isinstance(x.get("stacks"), dict)}
-        errors = {r: str(x.get("error", "no stacks in the answer"))[:500]
-                  for r, x in replies.items() if r not in ranks and isinstance(x, dict)}
-        errors.update({r: "its process is gone" for r in gang.ranks if r not in replies})
-        self.log.emit(Stacks(request_id=request_id, ranks=ranks, errors=errors))
+        self.log.emit(gang.stacks(request_id, timeout_s=timeout_s))
 
     def diagnostics(self, stamp: str | None = None, timeout_s: float = 10.0) -> dict[int, Any]:
         """Per-rank evidence from every worker's diagnostics group (for the hang watchdog;
@@ -212,8 +221,10 @@ class AttemptController:
                                 groups=(group,)))
 
     def _attempt(self) -> None:
-        if not self._wait_for_placement():
+        self._enter(AttemptPhase.PLACING)
+        if not self._seed_checkpoint() or not self._wait_for_placement():
             return
+        self._enter(AttemptPhase.STARTING)
         self._gang = gang = WorkerGang(self.config, cancel=self._cancel)
         ranks = gang.create()
         if ranks is None:  # cancelled while creating
@@ -224,28 +235,35 @@ class AttemptController:
             self._ranks = {r.rank: r for r in ranks}
         self.log.emit(WorkersReady(ranks=ranks, master=gang.master))
         gang.launch()
+        self._enter(AttemptPhase.RUNNING)
         self._supervise(gang)
 
+    def _seed_checkpoint(self) -> bool:
+        """The first attempt of a job that starts from another job's checkpoint copies it in
+        (runtime/checkpoint_seed.py); False when that failed (the attempt ended)."""
+        if self.config.attempt != 1 or self.config.spec.checkpoint.resume_from is None:
+            return True
+        try:
+            copied = seed_checkpoint(self.config.spec, run_dir=self.config.run_dir)
+        except (SeedError, OSError) as exc:
+            text = str(exc) if isinstance(exc, SeedError) else (
+                f"checkpoint.resume_from: the checkpoint could not be copied: {exc}")
+            self._finish(Failed(reason=Reason.SETUP_ERROR, message=text, blame=Blame.USER))
+            return False
+        if copied:
+            resume = self.config.spec.checkpoint.resume_from
+            self.log.emit(Logs(lines=({"rank": 0, "stream": "log", "time": time.time(),
+                                       "line": f"INFO started from {resume.job}'s checkpoint "
+                                       f"of step {resume.step} ({copied} files copied)"},)))
+        return True
+
     def _wait_for_placement(self) -> bool:
-        cfg = self.config
-        pg = ray.util.get_placement_group(cfg.pg_name)
-        ready = pg.ready()
-        deadline = time.monotonic() + cfg.placement_timeout_s
-        t0 = time.monotonic()
-        while True:
-            done, _ = ray.wait([ready], timeout=_TICK_S)
-            if done:
-                self.log.emit(Placed(waited_s=round(time.monotonic() - t0, 3)))
-                return True
-            if self._cancel.is_set():
-                self._finish(Cancelled(message="cancelled while waiting for placement"))
-                return False
-            if time.monotonic() > deadline:
-                self._finish(PlacementTimeout(
-                    waited_s=cfg.placement_timeout_s,
-                    message=f"gang reservation of {cfg.world_size} bundles not ready after "
-                    f"{cfg.placement_timeout_s:g} s"))
-                return False
+        end = wait_for_placement(self.config, cancel=self._cancel, tick_s=_TICK_S)
+        if isinstance(end, Placed):
+            self.log.emit(end)
+            return True
+        self._finish(end)
+        return False
 
     def _supervise(self, gang: WorkerGang) -> None:
         first_step = started = False
@@ -262,20 +280,31 @@ class AttemptController:
                 first_step = True
                 self.log.emit(FirstStep(step=min(gang.last_steps().values())))
             if self._cancel.is_set():
-                gang.stop_all(grace_s=grace)
+                self._enter(AttemptPhase.STOPPING)
+                preempt = self._preempt_grace_s
+                if preempt is None:
+                    gang.stop_all(grace_s=grace)
+                else:  # the ranks' own grace, and time to report how they ended
+                    gang.stop_all(grace_s=preempt + grace, rank_grace_s=preempt)
                 self._forward(gang.drain())
                 gang.kill()
-                self._finish(Cancelled(message="workers stopped on request"))
+                self._finish(Cancelled(message="workers stopped on request" if preempt is None
+                                       else "workers stopped for preemption"))
                 return
             failures = gang.failures()
             if failures:
-                gang.settle(timeout_s=1.0)  # a death the peers' errors report shows up too
+                self._enter(AttemptPhase.STOPPING)
+                # The peers a death takes down end too (their errors name it): until every
+                # rank has ended, or 5 s for ranks that keep waiting (an NCCL peer).
+                gang.settle(timeout_s=5.0)
                 watch.on_failures(gang, gang.failures())  # peers left waiting: diagnose
                 gang.stop_all(grace_s=max(grace, 3.0))
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 gang.kill()
-                self._fail(failures, cause=watch.open_report, gang=gang)
+                self._set_rank_states(rank_end_states(failures, gang.ranks))
+                self._finish(failed_outcome(self.config, failures, cause=watch.open_report,
+                                            gang=gang))
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
@@ -290,9 +319,12 @@ class AttemptController:
 
     def _forward(self, drained: Drained) -> None:
         if drained.metrics:
-            if self._checkpoints is not None:
-                self._checkpoints.observe(drained.metrics)
+            completed = self._checkpoints.observe(drained.metrics) \
+                if self._checkpoints is not None else []
             self.log.emit(Metrics(rows=drained.metrics))
+            if completed and self._checkpoints is not None:
+                self.log.emit(Checkpoints(saved=tuple(self._checkpoints.saved_info(step)
+                                                      for step in completed)))
         if drained.logs:
             self.log.emit(Logs(lines=drained.logs))
         if drained.usage:
@@ -302,60 +334,47 @@ class AttemptController:
         if drained.ranks:
             with self._ranks_lock:
                 for rank, upd in drained.ranks.items():
-                    self._ranks[rank] = replace(self._ranks.get(rank, RankStatus(rank=rank)),
-                                                **upd)
+                    self._ranks[rank] = self._ranks.get(rank, RankStatus(rank=rank)).observed(
+                        **upd)
 
-    def _fail(self, failures: list[RankFailure], *, cause: DiagnosisReport | None,
-              gang: WorkerGang | None = None) -> None:
-        """A pre-flight failure (every rank raised PreflightFailed) names the culprit ranks'
-        nodes and link class and is avoided by the next attempt.
-        The attempt failed; its reason and message come from the open diagnosis when
-        there is one (a hang, a rank's exit), else from the first rank to die or fail.
-        User code that could not even load fails the same way on every attempt: it is a
-        setup error and names no node as bad."""
-        preflight = preflight_failure(failures, gang=gang, cfg=self.config)
-        if preflight is not None:
-            self._finish(preflight)
-            return
-        failed = attempt_failed(failures, cause)
-        setup = bool(failures) and all(f.setup_error for f in failures)
-        failed_nodes = () if setup else tuple(
-            sorted({n for grp in failed.groups[:1] for n in grp.nodes}))
-        self._finish(Failed(reason=Reason.SETUP_ERROR if setup else failed.reason,
-                            message=failed.message, groups=failed.groups,
-                            failed_nodes=failed_nodes))
+    def _set_rank_states(self, states: dict[int, RankState]) -> None:
+        """The ranks' final states, kept by _finish (a failed attempt's culprits, lost peers
+        and stopped bystanders)."""
+        with self._ranks_lock:
+            for r, state in states.items():
+                self._ranks[r] = replace(self._ranks.get(r, RankStatus(rank=r)), state=state)
+            self._final_ranks.update(states)
 
     def _finish(self, outcome: Terminal) -> None:
         final = _FINAL_STATE.get(type(outcome))
         with self._ranks_lock:
             if final is not None:
                 for r, status in self._ranks.items():
-                    if status.state != RankState.FAILED:
+                    if status.state != RankState.FAILED and r not in self._final_ranks:
                         self._ranks[r] = replace(status, state=final)
         self.log.emit(outcome)
         self._outcome = outcome
+        self._enter(AttemptPhase.ENDED)
         self._done.set()
 
 
-def preflight_failure(failures: list[RankFailure], *, gang: WorkerGang | None,
-                      cfg: AttemptConfig) -> Failed | None:
-    """The attempt's end when its ranks failed the pre-flight check, else None."""
-    checks = [f for f in failures if f.error_type == "PreflightFailed"]
-    if not checks or len(checks) < len(failures):
-        return None
-    message = checks[0].message
-    culprits = culprits_of(message)
-    where = {r: (gang.ranks[r].node, gang.ranks[r].gpu) for r in gang.ranks} \
-        if gang is not None else {}
-    nodes = tuple(sorted({str(where[r][0]) for r in culprits if r in where and where[r][0]}))
-    peers = {str(n) for n, _ in where.values() if n}
-    detail = f" (culprit{'s' if len(culprits) != 1 else ''} " + ", ".join(
-        f"rank {r} on {where[r][0]}" + (f" GPU {where[r][1]}" if where[r][1] is not None
-                                          else "") for r in culprits if r in where) + \
-        f"; the gang spans {len(peers)} node(s))" if culprits else ""
-    return Failed(reason=Reason.PREFLIGHT_FAILED, message=f"{message}{detail}",
-                  groups=tuple(group_failures(failures)), failed_nodes=nodes,
-                  avoid_nodes=nodes)
+def wait_for_placement(cfg: AttemptConfig, *, cancel: Any, tick_s: float
+                       ) -> Placed | Cancelled | PlacementTimeout:
+    """Waits for the attempt's placement group: Placed, or how the wait ended."""
+    ready = ray.util.get_placement_group(cfg.pg_name).ready()
+    deadline = time.monotonic() + cfg.placement_timeout_s
+    t0 = time.monotonic()
+    while True:
+        done, _ = ray.wait([ready], timeout=tick_s)
+        if done:
+            return Placed(waited_s=round(time.monotonic() - t0, 3))
+        if cancel.is_set():
+            return Cancelled(message="cancelled while waiting for placement")
+        if time.monotonic() > deadline:
+            return PlacementTimeout(
+                waited_s=cfg.placement_timeout_s,
+                message=f"gang reservation of {cfg.world_size} bundles not ready after "
+                f"{cfg.placement_timeout_s:g} s")
 
 
 RemoteController: Any = ray.remote(  # type: ignore[call-overload]
@@ -365,9 +384,11 @@ RemoteController: Any = ray.remote(  # type: ignore[call-overload]
 def controller_options(name: str, near_node_id: str | None) -> dict[str, Any]:
     opts: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached"}
     if near_node_id:
-        # Keep controllers next to the control plane (the head): losing a worker node must
-        # not take the controller with it.
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=True)
+        # On the control plane's own node: losing a worker host must not take the controller
+        # (and with it the attempt's diagnosis) along. The affinity is hard: a soft one lets
+        # Ray put this 0-CPU actor on any node when the control plane's node declares no CPUs,
+        # as a deployment's control plane node does.
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=False)
     return opts
 
 

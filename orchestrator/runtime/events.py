@@ -29,14 +29,15 @@ The Ray names the two sides find each other by are defined here too, with their 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from orchestrator.isolation.modes import JobConfinement
 from orchestrator.lifecycle import RankState, Reason
 from orchestrator.placement.gang_plan import Bundle
 from orchestrator.placement.links import LinkFigures
-from orchestrator.runtime.failures import FailureGroup
+from orchestrator.runtime.failures import Blame, FailureGroup
 from orchestrator.spec import JobSpec, WatchdogAction
 from orchestrator.topology.model import ClusterTopology
 from orchestrator.watchdog.report import DiagnosisReport
@@ -99,6 +100,24 @@ def parse_pg_name(name: str) -> tuple[str, int] | None:
     return _parse(name, _PG_PREFIX)
 
 
+class AttemptPhase(StrEnum):
+    """Where an attempt's controller is. It only moves forward:
+    IDLE (a spare, no attempt) -> PLACING (waiting for the gang's placement group) ->
+    STARTING (creating the workers, assigning ranks) -> RUNNING (ranks launched, supervised)
+    -> STOPPING (cancelled or failed: stopping the ranks, collecting what they left) -> ENDED
+    (its terminal event emitted). A success goes from RUNNING to ENDED."""
+
+    IDLE = "idle"
+    PLACING = "placing"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    ENDED = "ended"
+
+
+PHASE_ORDER = tuple(AttemptPhase)
+
+
 # -- scheduler -> controller ----------------------------------------------------------------
 @dataclass(frozen=True)
 class AttemptConfig:
@@ -109,14 +128,13 @@ class AttemptConfig:
     run_dir: str
     placement_timeout_s: float
     init_timeout_s: float
-    train_fn: str | None = None  # import path of the training function (tests, benchmarks)
-    steps: int | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
     cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
     use_pool: bool = False  # lease warm actors (orchestrator/runtime/pool.py)
     package_uri: str | None = None  # user code uploaded to Ray (runtime_env working_dir)
     usage_interval_s: float = 10.0  # one utilisation sample per rank this often, at most
     link_figures: LinkFigures | None = None  # calibrated figures (None: the defaults)
+    # What user code's ranks are confined to (orchestrator/isolation/modes.py); None: nothing.
+    confinement: JobConfinement | None = None
 
     @property
     def pg_name(self) -> str:
@@ -149,10 +167,26 @@ class RankStatus:
     start_step: int = 0  # the checkpoint's step the rank resumed from (0: a fresh start)
     phase: str | None = None
     last_heartbeat: float | None = None  # the worker's own clock (unix seconds)
+    # A script that reports no steps progresses by its collectives: the count its probe saw
+    # enqueued, when the first was seen and when the count last grew (worker clock).
+    collectives: int | None = None
+    progress_first_at: float | None = None
+    progress_at: float | None = None
 
     # What the store keeps of a rank (the poller writes a row when one of these changes).
     STORED: ClassVar[tuple[str, ...]] = ("node", "node_id", "gpu", "coords", "state", "step",
-                                         "phase", "pid", "last_heartbeat")
+                                         "phase", "pid", "last_heartbeat", "collectives",
+                                         "progress_first_at", "progress_at")
+
+    def observed(self, **update: Any) -> RankStatus:
+        """This rank with a drain's update; a grown collective count is progress, dated by
+        the update's heartbeat."""
+        new = replace(self, **update)
+        count = new.collectives
+        if count and count != self.collectives:
+            at = new.last_heartbeat or time.time()
+            new = replace(new, progress_at=at, progress_first_at=self.progress_first_at or at)
+        return new
 
     def stored(self) -> tuple[Any, ...]:
         return tuple(getattr(self, k) for k in self.STORED)
@@ -246,6 +280,7 @@ class Stacks:
     ranks: dict[int, dict[str, str]]
     errors: dict[int, str] = field(default_factory=dict)
     error: str = ""  # why nothing was collected (no workers yet)
+    native: dict[int, str] = field(default_factory=dict)  # per rank, py-spy's dump, if any
 
 
 @dataclass(frozen=True)
@@ -302,6 +337,8 @@ class Failed:
     failed_nodes: tuple[str, ...] = ()
     avoid_nodes: tuple[str, ...] = ()
     hang_action: WatchdogAction | None = None
+    blame: Blame = Blame.INFRA  # what the cause points at (failures.blame)
+    retry_matched: bool = False  # a USER failure that `fault_tolerance.retry_on` names
 
 
 Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Usage
@@ -333,3 +370,4 @@ class PollReply:
     outcome: EventKind | None
     job_id: str
     attempt: int
+    phase: AttemptPhase = AttemptPhase.IDLE

@@ -24,10 +24,10 @@ from typing import Any
 
 from orchestrator.mesh import MeshShape
 from orchestrator.runtime.events import AttemptConfig, Diagnosis, Failed, Payload, WatchdogError
-from orchestrator.runtime.failures import RankFailure
+from orchestrator.runtime.failures import RankFailure, mask_secrets
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.node_evidence import NodeEvidence, gather_node_evidence
-from orchestrator.spec import WatchdogAction
+from orchestrator.spec import SpecKind, WatchdogAction
 from orchestrator.watchdog.evidence_files import read_announcement, stamp_now
 from orchestrator.watchdog.hardware import with_driver_errors
 from orchestrator.watchdog.inputs import resolve_announcements
@@ -55,7 +55,9 @@ class AttemptWatchdog:
         self.open_report: DiagnosisReport | None = None
         # User code progresses by its reported steps, else by the collectives the probe in
         # each rank process samples; the probe answers the diagnostics of its worker actor.
-        self._user_code = cfg.spec.entrypoint is not None
+        self._user_code = cfg.spec.kind is SpecKind.USER_CODE
+        env = cfg.spec.entrypoint.env if cfg.spec.entrypoint is not None else None
+        self._secrets = tuple(env.values()) if env else ()
 
     # -- controller hooks -------------------------------------------------------------------
     def tick(self, gang: WorkerGang, drained: Drained) -> Failed | None:
@@ -170,6 +172,8 @@ class AttemptWatchdog:
             elif failed:
                 dead = {r: f"{f.error_type}: {f.message[:300]}" for r, f in failed.items()}
                 exit_times = {r: f.time for r, f in failed.items()}
+        secrets = self._secrets
+        dead = {r: mask_secrets(info, secrets) for r, info in dead.items()}
         summaries: dict[int, dict[str, Any]] = {}
         for r, reply in replies.items():
             s = _summary(r, reply)
@@ -187,12 +191,15 @@ class AttemptWatchdog:
         nodes = self._node_evidence(gang, stamp) if trigger != "straggler" else NodeEvidence()
         locations = self._locations(gang)
         report = self.monitor.analysis(
-            summaries=summaries, dead=dead, announcements=anns, locations=locations,
+            summaries=summaries, dead=dead, exit_times=exit_times, announcements=anns,
+            locations=locations,
             trigger=trigger, artifacts=tuple(nodes.paths), context=context)
         report = with_driver_errors(report, nodes.gpus, locations)
         if exit_times:
             report = _with_exit_times(report, exit_times)
-        return report
+        silent = {r: gang.ranks[r].node or "?" for r in unreachable_ranks(replies)
+                  if r not in dead and r in gang.ranks}
+        return _with_unreachable(report, silent) if silent else report
 
     def _publish(self, report: DiagnosisReport, *, trigger: str,
                  detected_at: float | None = None) -> None:
@@ -230,9 +237,9 @@ def _summary(rank: int, reply: Any) -> dict[str, Any] | None:
         return dict(ev, rank=rank)
     if reply.get("state") != "running":
         return None  # the run is over: its exit is reported through the failure path
-    hb = reply.get("heartbeat") or {}
+    hb = reply.get("heartbeat")
     stacks = reply.get("stacks") or {}
-    return {"rank": rank, "step": hb.get("step"), "phase": hb.get("phase"),
+    return {"rank": rank, "step": hb.step if hb else None, "phase": hb.phase if hb else None,
             "main_stack": "\n".join(f"--- {k} ---\n{v}" for k, v in stacks.items()) or None}
 
 
@@ -247,6 +254,28 @@ def _finished_early(gang: WorkerGang, failed: Mapping[int, RankFailure]
     if not done:
         return None
     return {r: _EXITED_0 for r in done}, {r: float(res.time or 0.0) for r, res in done.items()}
+
+
+def unreachable_ranks(replies: Mapping[int, Any]) -> list[int]:
+    """Ranks whose worker answered no diagnostics call: the call timed out or Ray could not
+    reach the actor (its host is down or cut off). A live worker answers even while its
+    training thread is blocked in a collective."""
+    return sorted(r for r, x in replies.items() if isinstance(x, Mapping) and len(x) == 1
+                  and any(k in str(x.get("error", "")) for k in
+                          ("GetTimeoutError", "ActorUnavailableError", "unavailable")))
+
+
+def _with_unreachable(report: DiagnosisReport, nodes: Mapping[int, str]) -> DiagnosisReport:
+    """The report with the unreachable ranks' hosts named in its summary and details."""
+    d = report.to_dict()
+    hosts = sorted(set(nodes.values()))
+    ranks = sorted(nodes)
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    d["summary"] = (f"{d['summary']} {'Host' if len(hosts) == 1 else 'Hosts'} "
+                    f"{', '.join(hosts)} unreachable: {who} answered no call within "
+                    f"{_DIAG_TIMEOUT_S:g} s.")
+    d["details"] = {**d.get("details", {}), "unreachable": {str(r): n for r, n in nodes.items()}}
+    return DiagnosisReport.from_dict(d)
 
 
 def _with_exit_times(report: DiagnosisReport, times: Mapping[int, float]) -> DiagnosisReport:

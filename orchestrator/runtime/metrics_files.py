@@ -1,7 +1,7 @@
 """Metrics no poll fetched: every worker actor appends each step's row to
-`<run dir>/logs/attempt-<n>/rank-<r>.metrics.jsonl` (workers/actor.py) twice: when the step is
+`<run dir>/logs/attempt-<n>/rank-<r>.metrics.jsonl` (workers/host/actor.py) twice: when the step is
 done (without ``loss``: the global mean is known only at the loop's next sync step,
-workers/stepsync.py) and at that sync (the full row). When an attempt's controller is lost
+workers/loop/stepsync.py) and at that sync (the full row). When an attempt's controller is lost
 (the control plane died with the embedded Ray: SIGKILL of `meshyard serve`), the rows reported
 after the last poll exist only there; when a rank dies, the steps done since the last sync
 exist only there (without their loss). The poller ingests them before it applies the restart
@@ -20,20 +20,23 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from orchestrator.isolation import runfiles
 from orchestrator.store.repo import Store
-from workers.assignment import rank_log_path
+from workers.host.assignment import rank_log_path
 
 log = logging.getLogger("meshyard.poller")
 MAX_FILE_BYTES = 256 * 1024 * 1024  # one rank's rows of one attempt; more is not a metrics file
 
 
-def read_rank_rows(path: Path, *, rank: int) -> list[dict[str, Any]]:
-    """The complete rows of one rank's file (a torn last line, cut by the kill, is skipped)."""
+def read_rank_rows(path: Path, *, rank: int, run_dir: Path) -> list[dict[str, Any]]:
+    """The complete rows of one rank's file (a torn last line, cut by the kill, is skipped).
+    The file is in the job's run dir: read beneath it, never through a link."""
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
+        if runfiles.size(run_dir, path) > MAX_FILE_BYTES:
             log.warning("%s is over %d bytes: not ingested", path, MAX_FILE_BYTES)
             return []
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = runfiles.read_bytes(run_dir, path, max_bytes=MAX_FILE_BYTES).decode(
+            "utf-8", errors="replace")
     except OSError:
         return []
     rows: dict[int, dict[str, Any]] = {}
@@ -54,7 +57,8 @@ def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Pa
     log_dir = run_dir / "logs" / f"attempt-{attempt}"
     rows = []
     for rank in range(world_size):
-        rows += read_rank_rows(rank_log_path(str(log_dir), rank, "metrics.jsonl"), rank=rank)
+        rows += read_rank_rows(rank_log_path(str(log_dir), rank, "metrics.jsonl"), rank=rank,
+                               run_dir=run_dir)
     added = store.add_missing_metrics(job_id, attempt, rows) if rows else 0
     if added:
         log.warning("job %s attempt %d: %d metric rows recovered from the run dir", job_id,

@@ -1,4 +1,4 @@
-"""Uploaded user code into Ray: the package's node zip (orchestrator/packages.py) stored in
+"""Uploaded user code into Ray: the package's node zip (orchestrator/usercode/packages.py) stored in
 Ray's GCS under a content-addressed `gcs://` URI, which worker actors name as their
 runtime_env `working_dir`.
 
@@ -24,7 +24,7 @@ from ray._private.runtime_env.packaging import (
     upload_package_to_gcs,
 )
 
-from orchestrator.packages import ray_package
+from orchestrator.usercode.packages import ray_package
 
 
 def package_uri(digest: str) -> str:

@@ -8,6 +8,9 @@ Restart (after attempt n failed, `failed` attempts failed so far, this one inclu
                                            in max_failures, up to MAX_PREFLIGHT_RESTARTS
     the hang watchdog said fail         -> FAIL with the attempt's reason
     SETUP_ERROR (the code cannot load)  -> FAIL: the next attempt would fail the same way
+    the job's own code raised / exited  -> FAIL as USER_ERROR (the exception and its line
+      (failures.Blame.USER), unless        lead the message): a bug raises again; a failure
+      fault_tolerance.retry_on names it    retry_on names goes on like any other
     failed - 1 < max_failures           -> RESTART: RESTARTING, then QUEUED for attempt n + 1
     max_failures == 0 (no restarts)     -> FAIL with the attempt's own reason and message
     otherwise                           -> FAIL with MAX_FAILURES
@@ -16,7 +19,9 @@ Infeasible (a queued job that can never fit the cluster as it is): fail it as IN
 it has waited `placement.timeout_s`, unless its spec asks to wait for capacity.
 
 Avoid (for the job's next attempt): every node the hang watchdog named as a suspect, and from
-the third attempt on, every node that was among the failed nodes of two or more attempts.
+the third attempt on, every node that was among the failed nodes of two or more attempts. An
+attempt's failed nodes are those its cause points at (failures.Blame.NODE: the worker process
+died, or a device / NIC error); a user's exception or a lost peer names no node.
 
 >>> restart_decision(attempt=1, failed=1, max_failures=3, reason=Reason.WORKER_CRASH,
 ...                  message="rank 0 died").outcome
@@ -55,9 +60,11 @@ class RestartDecision:
 
 def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Reason,
                      message: str, hang_action: WatchdogAction | None = None,
-                     cancelling: bool = False, preflight_failed: int = 0) -> RestartDecision:
+                     cancelling: bool = False, preflight_failed: int = 0,
+                     user_error: bool = False) -> RestartDecision:
     """After attempt `attempt` failed; `failed` counts the job's failed attempts so far,
-    `preflight_failed` those that failed the pre-flight check (not in `failed`)."""
+    `preflight_failed` those that failed the pre-flight check (not in `failed`); `user_error`:
+    the job's own code failed and `retry_on` does not name the failure."""
     if cancelling:
         return RestartDecision(Outcome.FINISH_CANCEL, reason, message)
     if reason == Reason.PREFLIGHT_FAILED:
@@ -73,6 +80,11 @@ def restart_decision(*, attempt: int, failed: int, max_failures: int, reason: Re
         return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
     if reason == Reason.SETUP_ERROR:
         return RestartDecision(Outcome.FAIL, reason, f"attempt {attempt}: {message}")
+    if user_error:
+        return RestartDecision(Outcome.FAIL, Reason.USER_ERROR,
+                               f"{message} — not restarted: an error of the job's own code "
+                               "raises again (fault_tolerance.retry_on names the ones to "
+                               "restart)")
     if failed - 1 < max_failures:
         return RestartDecision(
             Outcome.RESTART, reason,
@@ -93,16 +105,19 @@ class AttemptFailure:
     attempt: int
     failed_nodes: tuple[str, ...] = ()
     avoid_nodes: tuple[str, ...] = ()
+    blame: str = "infra"  # failures.Blame of the attempt's cause
 
     def event_data(self, *, groups: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         return {"groups": list(groups), "failed_nodes": list(self.failed_nodes),
-                "avoid_nodes": list(self.avoid_nodes), "attempt": self.attempt}
+                "avoid_nodes": list(self.avoid_nodes), "attempt": self.attempt,
+                "blame": self.blame}
 
     @classmethod
     def from_event_data(cls, data: Mapping[str, Any]) -> AttemptFailure:
         return cls(attempt=int(data.get("attempt") or 0),
                    failed_nodes=tuple(str(n) for n in data.get("failed_nodes") or ()),
-                   avoid_nodes=tuple(str(n) for n in data.get("avoid_nodes") or ()))
+                   avoid_nodes=tuple(str(n) for n in data.get("avoid_nodes") or ()),
+                   blame=str(data.get("blame") or "infra"))
 
 
 def nodes_failed_twice(failed_nodes_per_attempt: Iterable[Iterable[str]]) -> set[str]:

@@ -2,7 +2,7 @@
 reused across jobs so a job skips process start and imports.
 
 Scope: every node with CPUs, GPU nodes included, for built-in and user-code jobs (a pooled
-actor also keeps a prestarted rank process for script / function jobs, workers/rankproc.py
+actor also keeps a prestarted rank process for script / function jobs, workers/host/rankproc.py
 `PrestartedRank`); jobs whose code is an uploaded package start cold (Ray unpacks the package
 for the actors it creates with it). A pooled actor holds no Ray resources while idle
 (num_cpus=0, num_gpus=0, pinned to its node); while it runs a job, the job's placement-group
@@ -39,6 +39,7 @@ The pool owns its actors, so the pool actor itself is never killed while jobs ho
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
@@ -46,15 +47,22 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from orchestrator.isolation.modes import JobConfinement
 from orchestrator.runtime.events import NAMESPACE, POOL_NAME
+
+log = logging.getLogger("meshyard.pool")
 
 
 class WorkerPool:
     """Per node, `size` warm worker actors. Methods are quick; filling runs in a thread."""
 
-    def __init__(self, size: int, prestart: bool = True) -> None:
+    def __init__(self, size: int, prestart: bool = True,
+                 confinement: JobConfinement | None = None) -> None:
         self.size = size
         self.prestart = prestart  # pooled actors keep a prestarted rank process (user code)
+        # What the jobs' ranks are confined to: a prestarted rank process holds the TCP
+        # layer it needs before its job comes (workers/host/actor.py).
+        self.confinement = confinement
         self.draining = False
         self._lock = threading.Lock()
         self._idle: dict[str, list[Any]] = {}
@@ -86,7 +94,7 @@ class WorkerPool:
             time.sleep(1.0)
 
     def _top_up(self, node: str) -> None:
-        from workers.actor import WorkerActor
+        from workers.host.actor import WorkerActor
 
         with self._lock:
             have = len(self._idle.get(node, [])) + self._out(node) + \
@@ -102,7 +110,8 @@ class WorkerPool:
         ready = []
         for a in actors:
             try:
-                warmed = ray.get(a.warm.remote(prestart=self.prestart),
+                warmed = ray.get(a.warm.remote(prestart=self.prestart,
+                                               confinement=self.confinement),
                                  timeout=300)  # a loaded node is slow
                 self._rss[a] = int(warmed["rss_bytes"])
                 ready.append(a)
@@ -188,11 +197,13 @@ class WorkerPool:
             ray.kill(a, no_restart=True)
         return kept
 
-    def configure(self, size: int, prestart: bool = True) -> None:
+    def configure(self, size: int, prestart: bool = True,
+                  confinement: JobConfinement | None = None) -> None:
         """Sets the size per node and fills again (after a drain, or with a new size);
-        `prestart` applies to actors warmed or handed back from now on."""
+        `prestart` and `confinement` apply to actors warmed from now on."""
         with self._lock:
             self.size, self.prestart, self.draining = size, prestart, False
+            self.confinement = confinement
             surplus = {node: idle[size:] for node, idle in self._idle.items()}
             for node, extra in surplus.items():
                 self._idle[node] = self._idle[node][:size]
@@ -244,12 +255,14 @@ RemotePool: Any = ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_concurrency=8, max_restarts=0)(WorkerPool)
 
 
-def ensure_pool(size: int, *, prestart: bool = True) -> Any:
+def ensure_pool(size: int, *, prestart: bool = True,
+                confinement: JobConfinement | None = None) -> Any:
     """Gets or creates the detached pool (it outlives control-plane restarts) at `size`;
-    `prestart`: its actors keep a prestarted rank process for user-code jobs."""
+    `prestart`: its actors keep a prestarted rank process for user-code jobs, confined as
+    `confinement` says when a job comes."""
     pool = RemotePool.options(name=POOL_NAME, namespace=NAMESPACE, lifetime="detached",
-                              get_if_exists=True).remote(size, prestart)
-    ray.get(pool.configure.remote(size, prestart), timeout=60)
+                              get_if_exists=True).remote(size, prestart, confinement)
+    ray.get(pool.configure.remote(size, prestart, confinement), timeout=60)
     return pool
 
 
@@ -258,3 +271,50 @@ def find_pool() -> Any | None:
         return ray.get_actor(POOL_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def drain_pool() -> None:
+    """Kills the pool's idle actors and stops its refilling (leased ones finish their jobs
+    first)."""
+    pool = find_pool()
+    if pool is None:
+        return
+    try:
+        ray.get(pool.drain.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - a pool that cannot answer is gone or going
+        log.warning("warm pool did not drain", exc_info=True)
+
+
+class PoolView:
+    """The warm pool's size and per-node idle / leased actors and idle memory (see
+    WorkerPool.status), cached for the dashboard and /metrics; None when there is none."""
+
+    def __init__(self) -> None:
+        self._cache: tuple[float, dict[str, Any] | None] = (0.0, None)
+
+    def status(self, *, max_age_s: float = 2.0) -> dict[str, Any] | None:
+        at, cached = self._cache
+        if time.monotonic() - at < max_age_s:
+            return cached
+        status = None
+        if ray.is_initialized():
+            pool = find_pool()
+            try:
+                status = ray.get(pool.status.remote(), timeout=5) if pool is not None else None
+            except Exception:  # noqa: BLE001 - the page and /metrics show no pool then
+                status = None
+        self._cache = (time.monotonic(), status)
+        return status
+
+
+def wait_for_pool(size: int, *, timeout_s: float = 120.0) -> dict[str, int]:
+    """Blocks until the warm pool holds `size` ready actors on every CPU node."""
+    deadline = time.monotonic() + timeout_s
+    ready: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        pool = find_pool()
+        ready = ray.get(pool.ready.remote(), timeout=10) if pool is not None else {}
+        if ready and min(ready.values()) >= size:
+            return ready
+        time.sleep(0.2)
+    raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")

@@ -21,33 +21,16 @@ what fn starts is confined, never the calling process; the thread then waits unt
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from meshyard import _landlock as ll
+
 T = TypeVar("T")
-
-_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # x86_64 and arm64 alike
-_PR_SET_NO_NEW_PRIVS = 38
-_RULE_PATH_BENEATH = 1
-_CREATE_RULESET_VERSION = 1
-_READ_DIR = 1 << 3
-_FILE_ONLY = (1 << 0) | (1 << 1) | (1 << 2)  # execute, write, read
-_TRUNCATE, _IOCTL_DEV, _REFER = 1 << 14, 1 << 15, 1 << 13
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 @dataclass(frozen=True)
@@ -56,33 +39,9 @@ class Confinement:
     detail: str  # what is confined, or why nothing is
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version; 0 where there is none (not Linux, disabled)."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    abi = _libc().syscall(_SYS_CREATE, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
-    return max(int(abi), 0)
-
-
-def _rights(abi: int) -> tuple[int, int]:
-    """(every filesystem right this ABI handles, the subset valid on a regular file)."""
-    handled, files = (1 << 13) - 1, _FILE_ONLY
-    if abi >= 2:
-        handled |= _REFER
-    if abi >= 3:
-        handled, files = handled | _TRUNCATE, files | _TRUNCATE
-    if abi >= 5:
-        handled, files = handled | _IOCTL_DEV, files | _IOCTL_DEV
-    return handled, files
-
-
-def _error(what: str) -> OSError:
-    errno = ctypes.get_errno()
-    return OSError(errno, f"{what}: {os.strerror(errno)}")
+    return ll.abi()
 
 
 def _grants(private: Path, open_inside: Iterable[Path]) -> list[tuple[Path, bool]]:
@@ -104,33 +63,11 @@ def _grants(private: Path, open_inside: Iterable[Path]) -> list[tuple[Path, bool
 def confine_this_thread(private: Path, *, open_inside: Iterable[Path] = ()) -> None:
     """Restricts the calling thread (and what it starts from now on): no file beneath
     `private` may be opened, except beneath `open_inside`. Raises OSError without Landlock."""
-    abi = landlock_abi()
-    if abi < 1:
-        raise OSError("Landlock is not available on this kernel")
-    libc = _libc()
-    handled, files = _rights(abi)
-    attr = _RulesetAttr(handled)
-    ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-    if ruleset < 0:
-        raise _error("landlock_create_ruleset")
-    try:
-        private = Path(os.path.realpath(private))
+    private = Path(os.path.realpath(private))
+    with ll.Ruleset(fs=ll.FS_ALL) as rs:
         for path, full in _grants(private, [Path(os.path.realpath(p)) for p in open_inside]):
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rights = (handled if path.is_dir() else files) if full else _READ_DIR
-                rule = _PathBeneath(rights, fd)
-                if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule),
-                                0) < 0:
-                    raise _error(f"landlock_add_rule {path}")
-            finally:
-                os.close(fd)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise _error("prctl(PR_SET_NO_NEW_PRIVS)")
-        if libc.syscall(_SYS_RESTRICT, ruleset, 0) < 0:
-            raise _error("landlock_restrict_self")
-    finally:
-        os.close(ruleset)
+            rs.allow_path(path, ll.FS_ALL if full else ll.READ_DIR)
+        rs.restrict()
 
 
 class ConfinedStarter:

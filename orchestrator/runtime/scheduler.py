@@ -1,20 +1,38 @@
 """The scheduler loop: queued jobs -> gang reservation (one placement group) + a controller.
 
-Order: priority (higher first), then fair share between users (orchestrator/fairshare.py:
+Order: priority (higher first), then fair share between users (orchestrator/admission/fairshare.py:
 the owner holding the smallest dominant share of the cluster goes next, counting the jobs
 placed earlier in the same tick), then submission order. Every queued job is tried in that
 order against what is still free after the jobs placed before it in the same tick; a job
 that does not fit records why (`pending_reason`, with numbers) and the scan goes on, so an
-infeasible or large job never blocks smaller ones behind it (no head-of-line blocking). The
-price is that a large waiting job can be overtaken by smaller ones while it waits.
+infeasible or large job never blocks smaller ones behind it (no head-of-line blocking).
+
+Reservation: the first GPU job of the pass that waits for GPUs (not infeasible, not over
+quota, not waiting for cordons) gets GPUs reserved (orchestrator/scheduling/reservation.py):
+the set the gang can use soonest as the running jobs end (their estimated ends:
+runtime/running_jobs.py). Its pending reason (kind `reserved`) names the jobs it waits for
+and when it expects to start. Jobs behind it are planned with the reserved GPUs hidden, and
+on them only when their own estimate ends them before the reservation starts, so smaller jobs
+no longer overtake it forever. A CPU-only cluster reserves nothing (CPU jobs wait as before).
+
+Preemption: when that job's reservation would start later than PREEMPT_IF_LATER_S (or at an
+unknown time) and it outranks running jobs (base priority; aging only orders the queue), the
+cheapest set of lower-priority preemptible jobs that have run `preempt_min_run_s` in their
+attempt and whose GPUs make it fit (scheduling/preemption.py) goes PREEMPTED, an event naming
+the preempting job. The poller asks their controllers to stop as a cancel does, with each
+job's `preemption.grace_s`; once stopped (after a checkpoint) they are QUEUED again and resume
+from it when they fit, their restart budget untouched. The freed GPUs are reserved for the
+preempting job meanwhile.
 
 A job whose owner's running GPU / CPU quota is full waits with `kind: quota`. A job already
 told why it waits is not planned again until it or the cluster changes (runtime/plan_memo.py),
 so an idle tick costs the same with 10 queued jobs as with 10,000.
 
-Node health (orchestrator/health.py, the ledger in the store): cordoned nodes are avoided like
-a job's own avoid list, cordoned GPUs count as busy, and a job is planned without the suspect
-nodes first and with them only when it does not fit otherwise.
+Node health (orchestrator/nodes/health_policy.py, the ledger in the store): cordoned nodes
+are avoided like a job's own avoid list, cordoned GPUs count as busy, and a job is planned
+without the suspect nodes first and with them only when it does not fit otherwise. A job
+that fits the cluster only with cordoned nodes waits for them (`kind: cordoned`, naming each
+node, its reason and when its cordon ends), and is not failed as infeasible.
 
 Placing a job: QUEUED -> PLACING (reason PLACEMENT_FOUND, the solver's summary), a new attempt
 with the plan, one detached named placement group with a bundle per rank pinned to the
@@ -24,38 +42,56 @@ which waits for the group (spec.placement.timeout_s) and reports back through th
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ray.util.placement_group import placement_group
-
-from orchestrator.fairshare import Queued, fair_order
-from orchestrator.health import HealthPolicy
-from orchestrator.lifecycle import JobState, Reason
-from orchestrator.packages import PackageError
-from orchestrator.placement.gang_plan import GangPlan, Pending, PendingKind, PlanDevice, plan_job
+from orchestrator.admission.fairshare import Queued, fair_order
+from orchestrator.admission.quotas import Quota, Usage, job_size, running_block
+from orchestrator.isolation.modes import JobConfinement
+from orchestrator.lifecycle import IllegalTransition, JobEventKind, JobState, Reason
+from orchestrator.nodes.health_policy import HealthPolicy, HealthView
+from orchestrator.placement.gang_plan import (
+    GangPlan,
+    Pending,
+    PendingKind,
+    plan_job,
+    wait_for_cordons,
+    wants_gpus,
+)
 from orchestrator.placement.holds import GpuHold, busy_gpus, gpu_holds
 from orchestrator.placement.links import LinkFigures
 from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
-from orchestrator.quotas import Quota, Usage, job_size, running_block
-from orchestrator.runtime.controller import launch_controller
-from orchestrator.runtime.events import AttemptConfig, controller_name, pg_name
-from orchestrator.runtime.health import current_view
+from orchestrator.runtime.launcher import AttemptLauncher
+from orchestrator.runtime.node_health import current_view
 from orchestrator.runtime.nodes import read_ray_nodes
-from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.plan_memo import PlanMemo
-from orchestrator.runtime.policy import AttemptFailure, avoid_nodes, fail_infeasible
+from orchestrator.runtime.running_jobs import JobEstimates, queued_job, running_jobs
 from orchestrator.runtime.spares import SpareControllers
-from orchestrator.spec import JobSpec, parse_spec
+from orchestrator.runtime.waiting import job_avoids, record_pending, record_reason
+from orchestrator.scheduling.aging import effective_priority
+from orchestrator.scheduling.jobs import Planner, QueuedJob, RunningJob
+from orchestrator.scheduling.preemption import MIN_RUN_S, choose_preemption
+from orchestrator.scheduling.reservation import (
+    Reservation,
+    find_reservation,
+    plan_gpus,
+    release_time,
+)
+from orchestrator.spec import JobSpec
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 from orchestrator.topology.model import ClusterTopology
+from orchestrator.usercode.packages import PackageError
 
 log = logging.getLogger("meshyard.scheduler")
+# A reservation that starts later than this (or at an unknown time) is worth preempting for.
+PREEMPT_IF_LATER_S = 60.0
 
 TopologyFn = Callable[[list[RayNode]], ClusterTopology | None]
 PlanFn = Callable[..., GangPlan | Pending]
@@ -63,34 +99,38 @@ PlanFn = Callable[..., GangPlan | Pending]
 
 class Scheduler:
     def __init__(self, *, store: Store, runs_dir: Path, topology: TopologyFn,
-                 near_node_id: str | None = None, train_fn: str | None = None,
-                 extra_env: dict[str, str] | None = None,
+                 near_node_id: str | None = None,
                  launching: set[str] | None = None, use_pool: bool = False,
                  figures: Callable[[], LinkFigures | None] | None = None,
                  quota_for: Callable[[str], Quota] | None = None,
                  allow_fault_injection: bool = True, plan: PlanFn = plan_job,
                  packages_dir: Path | None = None, usage_interval_s: float = 10.0,
                  health_policy: HealthPolicy | None = None,
-                 spares: SpareControllers | None = None) -> None:
+                 spares: SpareControllers | None = None,
+                 confinement: JobConfinement | None = None, preemption: bool = True,
+                 preempt_min_run_s: float = MIN_RUN_S) -> None:
         self.store = store
-        self.spares = spares  # controllers started ahead of the launches (runtime/spares.py)
         self.health_policy = health_policy or HealthPolicy()
-        self.usage_interval_s = usage_interval_s
         self._quota_for = quota_for or (lambda owner: Quota())
-        self.allow_fault_injection = allow_fault_injection
         self._plan = plan  # the gang planner (tests count its calls)
         self._memo = PlanMemo()
+        self._preemption = preemption
+        self._min_run_s = preempt_min_run_s
+        self._estimates = JobEstimates(store)  # running jobs' ends, queued jobs' runtimes
+        self._pass: _Pass | None = None
+        # the reserved job's last planned reservation (its key: job, cluster, running jobs)
+        self._reservations: dict[str, tuple[Hashable, Reservation | None]] = {}
         self._specs: dict[str, JobSpec] = {}  # parsed once: a stored spec never changes
-        self.packages_dir = packages_dir  # uploaded user code (orchestrator/packages.py)
+        self._avoid_dropped: set[tuple[str, int]] = set()
         # link figures for the cost model: calibrated ones (meshyard calibrate) when present
         self._figures = figures or (lambda: None)
-        self.use_pool = use_pool
         self.launching = launching if launching is not None else set()
-        self.runs_dir = runs_dir.resolve()
         self._topology = topology
-        self.near_node_id = near_node_id
-        self.train_fn = train_fn
-        self.extra_env = dict(extra_env or {})
+        self.launcher = AttemptLauncher(
+            store=store, runs_dir=runs_dir.resolve(), launching=self.launching,
+            near_node_id=near_node_id, use_pool=use_pool, usage_interval_s=usage_interval_s,
+            figures=self._figures, allow_fault_injection=allow_fault_injection,
+            packages_dir=packages_dir, spares=spares, confinement=confinement)
 
     # -- the cluster now ------------------------------------------------------------------
     def snapshot(self, held: Sequence[tuple[Any, Sequence[GpuHold]]] | None = None
@@ -120,8 +160,10 @@ class Scheduler:
         total = Usage(gpus=snap.total_gpus, cpus=sum(r.cpus for r in snap.ray_nodes))
         gpu_cluster = snap.total_gpus > 0
         by_id = {job.id: job for job in queued if job.id in specs}
-        order = fair_order([Queued(j.id, j.owner, j.priority, j.seq,
-                                   job_size(specs[j.id], cluster_has_gpus=gpu_cluster))
+        now = time.time()  # aging: a job's priority rises with its wait (scheduling/aging.py)
+        order = fair_order([Queued(j.id, j.owner, effective_priority(
+                                       j.priority, waited_s=now - j.created_at.timestamp()),
+                                   j.seq, job_size(specs[j.id], cluster_has_gpus=gpu_cluster))
                             for j in by_id.values()], held=usage, total=total)
         quotas: dict[str, Quota] = {}
         placed: list[str] = []
@@ -131,39 +173,217 @@ class Scheduler:
                                 cpus={})
         health_key = (health.cordoned, health.suspect)
         fingerprint: Hashable = (self._memo.fingerprint(snap), health_key)
+        self._pass = _Pass(held=held, now=now, health=health, figures=figures)
         for q in order:
             job, spec = by_id[q.id], specs[q.id]
-            quota = quotas.setdefault(job.owner, self._quota_for(job.owner))
-            over = running_block(quota, held=usage.get(job.owner, Usage()), size=q.size)
-            if over is not None:
-                self._set_pending(job, spec, Pending(PendingKind.QUOTA, over))
-                continue
-            key = (job.id, job.current_attempt, job.updated_at)
-            waiting = self._memo.still_waiting(key, fingerprint)
-            if waiting is not None:  # same job, same cluster: the same reason to wait
-                if waiting.kind == PendingKind.INFEASIBLE:
-                    self._set_pending(job, spec, waiting)  # its placement.timeout_s runs on
-                continue
-            decision = self._plan_healthy(spec, snap, avoid=self._avoid(job) | health.cordoned,
-                                          suspect=health.suspect, figures=figures)
-            if isinstance(decision, Pending):
-                self._memo.remember(key, fingerprint, decision)
-                self._set_pending(job, spec, decision)
+            try:  # one job's problem fails that job and never ends the pass
+                quota = quotas.setdefault(job.owner, self._quota_for(job.owner))
+                decide = functools.partial(self._decide, job, spec, q.size, quota=quota,
+                                           usage=usage, health=health, figures=figures)
+                res = self._pass.reservation
+                if res is None:
+                    decision = decide(snap=snap, fingerprint=fingerprint)
+                else:  # first without the reserved GPUs; on them only if it ends in time
+                    hidden = self._pass.hidden(snap, memo=self._memo, health_key=health_key)
+                    decision = decide(snap=hidden[0], fingerprint=hidden[1])
+                    if isinstance(decision, Pending) and decision.kind != PendingKind.QUOTA \
+                            and res.may_backfill(self._queued(job, spec, snap), now=now):
+                        decision = decide(snap=snap, fingerprint=fingerprint)
+                if isinstance(decision, Pending):
+                    self._wait(job, spec, decision, snap=snap)
+                    continue
+            except Exception as exc:  # noqa: BLE001
+                self._fail_job(job, Reason.INTERNAL_ERROR, exc,
+                               prefix="the scheduler could not plan this job (report it)")
                 continue
             try:
-                package_uri = self._package_uri(spec)
-            except (PackageError, OSError, ValueError) as exc:
-                self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
-                                      message=f"entrypoint.working_dir: {exc}")
+                package_uri = self.launcher.package_uri(spec)
+            except Exception as exc:  # noqa: BLE001 - BadZipFile, OSError, PackageError, Ray
+                digest = spec.entrypoint.package if spec.entrypoint is not None else None
+                self._fail_job(job, Reason.SETUP_ERROR, exc, prefix=(
+                    f"entrypoint.working_dir: package sha256:{digest} cannot be used "
+                    "(upload the code again and resubmit)"))
                 continue
-            if not self._try_launch(job, spec, decision, snap, package_uri=package_uri):
+            if not self.launcher.try_launch(job, spec, decision, snap, package_uri=package_uri):
                 continue
             placed.append(job.id)
             usage[job.owner] = usage.get(job.owner, Usage()) + q.size
             snap = snap.reserve(gpus=decision.gpus_by_node(), cpus=decision.cpus_by_node())
             fingerprint = (self._memo.fingerprint(snap), health_key)
+            self._pass.placed_now(job, decision, self._queued(job, spec, snap))
         self._memo.keep_only(j.id for j in queued if j.id not in placed)
+        self._estimates.forget({j.id for j in queued} | {j.id for j, _ in held})
         return placed
+
+    # -- reservations -------------------------------------------------------------------------
+    def _queued(self, job: JobRecord, spec: JobSpec, snap: ClusterSnapshot) -> QueuedJob:
+        gpus = spec.world_size * spec.resources.gpus_per_worker if wants_gpus(spec, snap) else 0
+        return queued_job(job, gpus=gpus, estimates=self._estimates)
+
+    def _wait(self, job: JobRecord, spec: JobSpec, pending: Pending, *,
+              snap: ClusterSnapshot) -> None:
+        """Records why the job waits. The first GPU job of the pass that waits for GPUs
+        (not infeasible, not over quota, not waiting for cordons) gets the reservation."""
+        p = self._pass
+        assert p is not None
+        if pending.kind not in (PendingKind.WAITING, PendingKind.FRAGMENTED) \
+                or not wants_gpus(spec, snap):
+            self._set_pending(job, spec, pending)
+            return
+        if p.reservation is not None:  # behind the reservation
+            held_back, name = p.reservation, p.reserved_name
+            nodes = ", ".join(held_back.nodes)
+            note = "" if self._queued(job, spec, snap).est_runtime_s is not None else \
+                " and this job has no runtime estimate to backfill with"
+            self._set_pending(job, spec, replace(pending, message=(
+                f"{pending.message}; GPUs on {nodes} are reserved for {name} "
+                f"({held_back.job_id}){note}")))
+            return
+        res = self._reserve(job, spec, snap)
+        if self._preemption and not self._starts_soon(res):
+            res = self._preempt(job, spec, snap) or res
+        if res is None:  # fits only when more than the running jobs is freed
+            self._set_pending(job, spec, pending)
+            return
+        p.reservation, p.reserved_name = res, job.name
+        record_reason(self.store, job, res.reason(pending, now=p.now))
+
+    def _starts_soon(self, res: Reservation | None) -> bool:
+        """Not worth preempting for: the reservation starts within `PREEMPT_IF_LATER_S`, or
+        every job it waits for is stopping already."""
+        if res is None:
+            return False
+        p = self._pass
+        assert p is not None
+        if res.waits_for and set(res.waits_for) <= p.stopping:
+            return True
+        return res.start is not None and res.start <= p.now + PREEMPT_IF_LATER_S
+
+    def _planner(self, job: JobRecord, spec: JobSpec) -> Planner:
+        p = self._pass
+        assert p is not None
+        avoid = self._avoid(job) | p.health.cordoned
+
+        def plan(_: QueuedJob, s: ClusterSnapshot) -> GangPlan | Pending:
+            return self._plan_healthy(spec, s, avoid=avoid, suspect=p.health.suspect,
+                                      figures=p.figures)
+        return plan
+
+    def _preempt(self, job: JobRecord, spec: JobSpec, snap: ClusterSnapshot
+                 ) -> Reservation | None:
+        """Stops the cheapest set of lower-priority preemptible jobs whose GPUs make the job
+        fit (scheduling/preemption.py): each goes PREEMPTED (the poller asks its controller
+        to checkpoint and stop) and the GPUs they free are reserved for the job."""
+        p = self._pass
+        assert p is not None
+        pre = choose_preemption(self._queued(job, spec, snap), snap,
+                                p.running(self._estimates, self._specs), now=p.now,
+                                plan=self._planner(job, spec), min_run_s=self._min_run_s)
+        if pre is None:
+            return None
+        stopped: list[str] = []
+        grace = 0.0
+        for victim_id in pre.victims:
+            victim_spec = self._specs.get(victim_id)
+            g = victim_spec.preemption.grace_s if victim_spec is not None else 60.0
+            try:
+                self.store.transition(
+                    victim_id, JobState.PREEMPTED, reason=Reason.PREEMPTED,
+                    message=f"preempted by {job.name} ({job.id}, priority {job.priority}): "
+                    f"its ranks checkpoint and stop within {g:g} s, then it is queued again "
+                    "and resumes from that checkpoint",
+                    data={"preempted_by": job.id, "preempted_by_name": job.name,
+                          "priority": job.priority, "grace_s": g})
+            except IllegalTransition:  # it ended or changed meanwhile: its GPUs are not ours
+                continue
+            stopped.append(victim_id)
+            grace = max(grace, g)
+            p.stopping.add(victim_id)
+        if not stopped:
+            return None
+        self.store.add_event(job.id, kind=JobEventKind.INFO, reason=Reason.PREEMPTED.value,
+                             message=f"preempting {', '.join(stopped)} to make room "
+                             f"({pre.lost_gpu_s:.0f} GPU-s of work since their checkpoints)",
+                             data={"preempting": stopped})
+        return Reservation(job_id=job.id, gpus=pre.gpus, start=p.now + grace,
+                           waits_for=tuple(stopped), summary=pre.plan.summary, preempting=True)
+
+    def _reserve(self, job: JobRecord, spec: JobSpec, snap: ClusterSnapshot
+                 ) -> Reservation | None:
+        """The job's reservation from the running jobs' estimated ends (reservation.py). The
+        reserved set is planned again only when the job, the cluster or the running jobs
+        changed; its start follows the running jobs' estimates every pass."""
+        p = self._pass
+        assert p is not None
+        running = p.running(self._estimates, self._specs)
+        now = p.now
+        order = sorted(running, key=lambda r: (release_time(r, now=now), r.id))
+        key = (job.id, job.current_attempt, job.updated_at, self._memo.fingerprint(snap),
+               tuple((r.id, tuple(r.gpus_by_node.items()), r.est_end is None) for r in order))
+        hit = self._reservations.get(job.id)
+        if hit is not None and hit[0] == key:
+            found = hit[1]
+        else:
+            found = find_reservation(self._queued(job, spec, snap), snap, running, now=now,
+                                     plan=self._planner(job, spec))
+            self._reservations = {job.id: (key, found)}
+        if found is None:
+            return None
+        waits = [r for r in running if r.id in found.waits_for]
+        start = max((release_time(r, now=now) for r in waits), default=now)
+        return replace(found, start=None if math.isinf(start) else start,
+                       preempting=bool(found.waits_for) and set(found.waits_for) <= p.stopping)
+
+    def _decide(self, job: JobRecord, spec: JobSpec, size: Usage, *, quota: Quota,
+                usage: dict[str, Usage], snap: ClusterSnapshot, fingerprint: Hashable,
+                health: HealthView, figures: LinkFigures | None) -> GangPlan | Pending:
+        """The job's plan on `snap`, or why it waits (the caller records it)."""
+        over = running_block(quota, held=usage.get(job.owner, Usage()), size=size)
+        if over is not None:
+            return Pending(PendingKind.QUOTA, over)
+        key = (job.id, job.current_attempt, job.updated_at)
+        waiting = self._memo.still_waiting(key, fingerprint)
+        if waiting is not None:  # same job, same cluster: the same reason to wait
+            return waiting
+        avoid = self._avoid(job)
+        decision = self._plan_healthy(spec, snap, avoid=avoid | health.cordoned,
+                                      suspect=health.suspect, figures=figures)
+        if avoid and isinstance(decision, Pending) and decision.kind == PendingKind.INFEASIBLE:
+            # Avoiding the nodes its failed attempts point at never makes a job unplaceable:
+            # when nothing else fits it, it may use them again (and says so).
+            again = self._plan_healthy(spec, snap, avoid=set(health.cordoned),
+                                       suspect=health.suspect, figures=figures)
+            if not (isinstance(again, Pending) and again.kind == PendingKind.INFEASIBLE):
+                self._note_avoid_dropped(job, avoid)
+                avoid, decision = set(), again
+        if isinstance(decision, Pending) and decision.kind == PendingKind.INFEASIBLE:
+            decision = self._around_cordons(decision, spec, snap, avoid=avoid, health=health,
+                                            figures=figures)
+        if isinstance(decision, Pending):
+            self._memo.remember(key, fingerprint, decision)
+        return decision
+
+    def _around_cordons(self, infeasible: Pending, spec: JobSpec, snap: ClusterSnapshot, *,
+                        avoid: set[str], health: HealthView,
+                        figures: LinkFigures | None) -> Pending:
+        """A job that never fits without the cordoned nodes but fits with them waits for the
+        cordons (`wait_for_cordons`), instead of failing as INFEASIBLE."""
+        mine = avoid | set(spec.placement.avoid_nodes)
+        cordons = [c for n, c in sorted(health.cordons.items()) if n not in mine]
+        if not cordons:
+            return infeasible
+        return wait_for_cordons(infeasible, cordons=cordons, with_cordoned=self._plan(
+            spec, snap, avoid=avoid, figures=figures))
+
+    def _fail_job(self, job: JobRecord, reason: Reason, exc: Exception, *, prefix: str) -> None:
+        """FAILED with `reason` and a message naming the problem (`prefix: exc`)."""
+        log.warning("job %s: %s", job.id, prefix, exc_info=exc)
+        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, PackageError) else exc
+        try:
+            self.store.transition(job.id, JobState.FAILED, reason=reason,
+                                  message=f"{prefix}: {detail}")
+        except Exception:  # noqa: BLE001 - the store refused too: the next pass tries again
+            log.exception("job %s: could not fail it", job.id)
 
     def _plan_healthy(self, spec: JobSpec, snap: ClusterSnapshot, *, avoid: set[str],
                       suspect: frozenset[str], figures: LinkFigures | None
@@ -183,7 +403,7 @@ class Scheduler:
             spec = self._specs.get(job.id)
             if spec is None:
                 try:
-                    spec = parse_spec(job.spec)
+                    spec = job.spec
                 except ValueError as exc:  # fail it loudly
                     self.store.transition(job.id, JobState.FAILED, reason=Reason.SETUP_ERROR,
                                           message=f"stored spec is invalid: {exc}")
@@ -202,113 +422,68 @@ class Scheduler:
             spec = self._specs.get(job.id)
             if spec is None:
                 try:
-                    spec = self._specs.setdefault(job.id, parse_spec(job.spec))
+                    spec = self._specs.setdefault(job.id, job.spec)
                 except ValueError:
                     continue
             cpus = spec.world_size * spec.resources.cpus_per_worker
             out[job.owner] = out.get(job.owner, Usage()) + Usage(gpus=len(gpus), cpus=cpus)
         return out
 
-    def _try_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                    snap: ClusterSnapshot, *, package_uri: str | None) -> bool:
-        self.launching.add(job.id)
-        try:
-            self._launch(job, spec, plan, snap, package_uri=package_uri)
-        except Exception:  # noqa: BLE001 - Ray refused: the poller requeues it
-            log.exception("launching %s failed", job.id)
-            return False
-        finally:
-            self.launching.discard(job.id)
-        return True
+    def _note_avoid_dropped(self, job: JobRecord, avoid: set[str]) -> None:
+        """One event per attempt: the nodes it would avoid are the only ones it fits on."""
+        key = (job.id, job.current_attempt)
+        if key in self._avoid_dropped:
+            return
+        self._avoid_dropped.add(key)
+        nodes = ", ".join(sorted(avoid))
+        self.store.add_event(job.id, kind=JobEventKind.INFO, reason=Reason.REQUEUED.value,
+                             message=f"attempt {job.current_attempt + 1} may use {nodes} again: "
+                             "earlier attempts failed there, but no other node fits the job",
+                             data={"avoid_dropped": sorted(avoid)})
 
     def _avoid(self, job: JobRecord) -> set[str]:
-        """Nodes the job's next attempt avoids (`policy.avoid_nodes` over its failures)."""
-        if job.current_attempt < 1:
-            return set()
-        failures = [AttemptFailure.from_event_data(e.data)
-                    for e in self.store.list_events(job.id) if e.kind == "error"]
-        return avoid_nodes(current_attempt=job.current_attempt, failures=failures)
+        return job_avoids(self.store, job)
 
     def _set_pending(self, job: JobRecord, spec: JobSpec, pending: Pending) -> None:
-        """Records why the job waits; one that can never fit fails as INFEASIBLE after
-        placement.timeout_s (`policy.fail_infeasible`)."""
-        reason = pending.to_dict()
-        if pending.kind == PendingKind.INFEASIBLE:
-            before = job.pending_reason or {}
-            since = before.get("infeasible_since") if before.get("kind") == reason["kind"] \
-                else None
-            reason["infeasible_since"] = since if isinstance(since, int | float) \
-                else time.time()
-            timeout = spec.placement.timeout_s
-            if fail_infeasible(infeasible_since=reason["infeasible_since"], now=time.time(),
-                               timeout_s=timeout,
-                               wait_for_capacity=spec.placement.wait_for_capacity):
-                self.store.transition(
-                    job.id, JobState.FAILED, reason=Reason.INFEASIBLE,
-                    message=f"{pending.message.rstrip('.')}. It can never fit this cluster as "
-                    f"it is and waited {timeout:g} s (placement.timeout_s); on a cluster that "
-                    "grows, set placement.wait_for_capacity: true", data=reason)
-                return
-        if job.pending_reason != reason:
-            self.store.set_pending_reason(job.id, reason)
+        record_pending(self.store, job, spec, pending)
 
-    def _package_uri(self, spec: JobSpec) -> str | None:
-        """The user code's package in Ray (uploaded from the data dir when Ray lacks it)."""
-        digest = spec.entrypoint.package if spec.entrypoint is not None else None
-        if digest is None:
-            return None
-        if self.packages_dir is None:
-            raise PackageError("this runtime has no package store")
-        # Pinned until the workers can have started: placement, then worker start-up.
-        pin = spec.placement.timeout_s + min(spec.fault_tolerance.init_timeout_s, 600.0) + 300
-        return ensure_in_ray(self.packages_dir, digest, pin_s=pin)
 
-    def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
-        number = job.current_attempt + 1
-        name = pg_name(job.id, number)
-        spare = self.spares.take() if self.spares is not None else None
-        adopted = False
-        try:
-            self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND,
-                                  message=plan.summary, data={"attempt": number, "pg": name})
-            # The controller's name is recorded before it runs the attempt: a restarted
-            # control plane finds it by that name.
-            controller = spare[0] if spare is not None else controller_name(job.id, number)
-            attempt = self.store.start_attempt(job.id, placement=dict(
-                plan.to_dict(), pg_name=name, controller=controller))
-            assert attempt.number == number, (attempt.number, number)
-            placement_group(
-                [b.resources for b in plan.bundles],
-                bundle_label_selector=[{"ray.io/node-id": str(b.node_id)}
-                                       for b in plan.bundles],
-                name=name, lifetime="detached")
-            config = replace(self._config(job, spec, plan, number, snap),
-                             package_uri=package_uri)
-            launch_controller(config, near_node_id=self.near_node_id,
-                              spare=spare[1] if spare is not None else None)
-            adopted = True
-        finally:
-            if spare is not None and self.spares is not None:
-                self.spares.done(spare[0], adopted=adopted)
-        log.info("job %s attempt %d: %s", job.id, number, plan.summary)
+@dataclass
+class _Pass:
+    """One pass's state: its clock and cluster reads, the jobs it placed, the reservation."""
 
-    def _config(self, job: JobRecord, spec: JobSpec, plan: GangPlan, number: int,
-                snap: ClusterSnapshot) -> AttemptConfig:
-        cluster = None
-        if plan.device == PlanDevice.GPU:
-            used = {b.node for b in plan.bundles}
-            cluster = ClusterTopology(levels=snap.cluster.levels,
-                                      nodes=tuple(n for n in snap.cluster.nodes if n.name in used))
-        if spec.inject_fault is not None and not self.allow_fault_injection:
-            # Stored while the server allowed it, run after a restart that does not: the
-            # fault stays out, whatever the spec says.
-            log.warning("job %s: inject_fault dropped (fault injection is off)", job.id)
-            spec = spec.model_copy(update={"inject_fault": None})
-        return AttemptConfig(
-            job_id=job.id, attempt=number, spec=spec, bundles=plan.bundles,
-            run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,
-            init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
-            train_fn=self.train_fn, extra_env=self.extra_env, cluster=cluster,
-            use_pool=self.use_pool, usage_interval_s=self.usage_interval_s,
-            link_figures=self._figures())
+    held: Sequence[tuple[Any, Sequence[GpuHold]]]
+    now: float
+    health: HealthView
+    figures: LinkFigures | None
+    reservation: Reservation | None = None
+    reserved_name: str = ""
+    stopping: set[str] = field(default_factory=set)  # preempted or cancelled: ending now
+    _running: list[RunningJob] | None = None
+    _placed: list[RunningJob] = field(default_factory=list)
+    _hidden: tuple[ClusterSnapshot, tuple[ClusterSnapshot, Hashable]] | None = None
+
+    def running(self, estimates: JobEstimates, specs: dict[str, JobSpec]) -> list[RunningJob]:
+        """The active jobs holding GPUs, and the jobs placed earlier in this pass."""
+        if self._running is None:
+            self._running = running_jobs(self.held, estimates=estimates, specs=specs)
+            self.stopping |= {job.id for job, _ in self.held
+                              if job.state in (JobState.PREEMPTED, JobState.CANCELLING)}
+        return [r if r.id not in self.stopping else replace(r, preemptible=False)
+                for r in self._running + self._placed]
+
+    def placed_now(self, job: JobRecord, plan: GangPlan, queued: QueuedJob) -> None:
+        est = queued.est_runtime_s
+        self._placed.append(RunningJob(
+            id=job.id, priority=job.priority, gpus_by_node=plan_gpus(plan), started_at=self.now,
+            est_end=None if est is None else self.now + est, last_checkpoint_at=self.now))
+
+    def hidden(self, snap: ClusterSnapshot, *, memo: PlanMemo, health_key: Hashable
+               ) -> tuple[ClusterSnapshot, Hashable]:
+        """`snap` with the reserved GPUs busy, and its fingerprint (kept until `snap`
+        changes)."""
+        assert self.reservation is not None
+        if self._hidden is None or self._hidden[0] is not snap:
+            view = self.reservation.hide(snap)
+            self._hidden = (snap, (view, (memo.fingerprint(view), health_key)))
+        return self._hidden[1]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -33,37 +34,54 @@ from typing import Any
 import ray
 from ray._common.utils import get_default_ray_temp_dir
 
+from meshyard._confine import self_test
+from meshyard._landlock import abi as landlock_abi
+from orchestrator.admission.quotas import Quota, effective_quota
+from orchestrator.isolation.modes import (
+    TRUSTED_WARNING,
+    HostCheck,
+    IsolationMode,
+    JobConfinement,
+    landlock_problem,
+    refusal,
+)
+from orchestrator.isolation.worker_env import scrub
 from orchestrator.placement.links import LinkFigures
 from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.calibration.figures import path_in as calibration_path
-from orchestrator.quotas import Quota, effective_quota
 from orchestrator.runtime.events import NAMESPACE
+from orchestrator.runtime.node_sampling import NodeSamplers
 from orchestrator.runtime.nodes import TopologySource, register_nodes
 from orchestrator.runtime.poller import Poller, sweep_orphans
-from orchestrator.runtime.pool import ensure_pool, find_pool
+from orchestrator.runtime.pool import PoolView, drain_pool, ensure_pool, wait_for_pool
 from orchestrator.runtime.sandbox import ConfinedStarter
 from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.runtime.spares import SpareControllers
-from orchestrator.runtime.usage import NodeSamplers
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
-from orchestrator.worker_env import scrub
 
 log = logging.getLogger("meshyard.runtime")
+DEFAULT_WORKER_PORTS = (10002, 19999)  # Settings.ray_worker_ports' default
 _SWEEP_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
 class LocalRay:
     """How the embedded Ray is started: with an environment holding none of the control
-    plane's secrets (orchestrator/worker_env.py), and — `confine` — out of the private data
-    dir (Landlock, runtime/sandbox.py) except the directories jobs use."""
+    plane's secrets (orchestrator/isolation/worker_env.py), and — `confine` — out of the
+    private data dir (Landlock, runtime/sandbox.py) except the directories jobs use.
+
+    Isolated mode confines each rank process of user code instead (meshyard/_confine.py),
+    which needs a mount namespace of its own: no process inside a Landlock domain may mount,
+    so there the embedded Ray itself is started without the data-dir confinement (`confine`
+    False), and the ranks it starts hide the data dir themselves."""
 
     private_dir: Path
     open_inside: tuple[Path, ...] = ()
     secrets: tuple[str, ...] = ()
     confine: bool = True
+    worker_ports: tuple[int, int] | None = None  # Ray's worker processes' port range
 
     @classmethod
     def for_settings(cls, settings: Settings) -> LocalRay:
@@ -73,7 +91,33 @@ class LocalRay:
         return cls(private_dir=Path(settings.data_dir),
                    open_inside=tuple(p.resolve() for p in inside),
                    secrets=tuple(s for s in (settings.admin_token, settings.database_url) if s),
-                   confine=settings.confine_workers)
+                   confine=settings.confine_workers
+                   and settings.isolation is IsolationMode.TRUSTED,
+                   worker_ports=settings.worker_port_range)
+
+
+@contextmanager
+def _worker_port_range(ports: tuple[int, int] | None) -> Iterator[None]:
+    """`ray.init` starts a local cluster with random worker ports and has no argument for
+    the range (`ray start --min-worker-port` has); a job's ranks must be kept out of every
+    Ray worker's port, so the range is given to the RayParams `ray.init` builds."""
+    if ports is None:
+        yield
+        return
+    from ray._private import parameter
+
+    original = parameter.RayParams.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("min_worker_port"):
+            kwargs.update(min_worker_port=ports[0], max_worker_port=ports[1])
+        original(self, *args, **kwargs)
+
+    parameter.RayParams.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -112,17 +156,14 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
             return False
         # address="local": start our own Ray; a bare init() joins any Ray already on the host.
         def start() -> None:
-            ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING,
-                     _node_ip_address="127.0.0.1")
+            init_local_ray(worker_ports=local.worker_ports if local is not None else None,
+                           logging_level=logging.WARNING)
 
         if local is None:
             start()
             return True
         with _scrubbed_environ(local.secrets):
             if not local.confine:
-                log.warning("local Ray: not confined (MESHYARD_CONFINE_WORKERS is off): jobs "
-                            "can read the data dir")
                 start()
                 return True
             # Ray makes its temp dir after the confinement: a new entry beside the path to
@@ -138,6 +179,18 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
     finally:
         if main and saved is not None:
             signal.signal(signal.SIGTERM, saved)
+
+
+def init_local_ray(*, worker_ports: tuple[int, int] | None = DEFAULT_WORKER_PORTS,
+                   **kwargs: Any) -> None:
+    """`ray.init` of a new local cluster on 127.0.0.1 in meshyard's namespace, its worker
+    processes on `worker_ports` (isolated mode refuses user code on a node without a worker
+    port range); `kwargs` go to `ray.init` (num_cpus, ...)."""
+    options: dict[str, Any] = dict(namespace=NAMESPACE, include_dashboard=False,
+                                   log_to_driver=False, _node_ip_address="127.0.0.1")
+    options.update(kwargs)
+    with _worker_port_range(worker_ports):
+        ray.init(address="local", **options)
 
 
 class _Loop:
@@ -176,21 +229,20 @@ class _Loop:
 
 
 class Runtime:
-    """`train_fn`, `extra_env` and `discovery` (topology discovery options) are hooks for
-    tests and benchmarks; `meshyard serve` leaves them unset."""
+    """`discovery` (topology discovery options) is a hook for tests and benchmarks;
+    `meshyard serve` leaves it unset."""
 
     def __init__(self, settings: Settings, store: Store, *, tick_s: float = 0.25,
-                 train_fn: str | None = None, extra_env: dict[str, str] | None = None,
                  warm_pool: int | None = None,
-                 discovery: Mapping[str, Any] | None = None) -> None:
+                 discovery: Mapping[str, Any] | None = None,
+                 api_port: int | None = None) -> None:
         self.settings = settings
+        self.api_port = api_port if api_port is not None else settings.port
         # Warm worker actors per node (runtime/pool.py); None: the settings' default.
         self.warm_pool = settings.resolved_warm_pool if warm_pool is None else warm_pool
-        self._pool_cache: tuple[float, dict[str, Any] | None] = (0.0, None)
+        self._pool_view = PoolView()
         self.store = store
         self.tick_s = tick_s
-        self.train_fn = train_fn
-        self.extra_env = extra_env
         self.owns_ray: bool | ConfinedStarter = False
         self.topology = TopologySource(cluster_file=settings.cluster_file, discovery=discovery)
         self._loops: list[_Loop] = []
@@ -204,6 +256,8 @@ class Runtime:
                              runs_dir=Path(settings.resolved_runs_dir).resolve())
         self.elector: LeaderElector | None = None
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
+        # Isolated mode: whether this host confines jobs (start() checks); None: trusted.
+        self.isolation: HostCheck | None = None
 
     def _quota_for(self, owner: str) -> Quota:
         """The owner's running limits: set for them, else the server's defaults (admins:
@@ -222,6 +276,7 @@ class Runtime:
         t0 = time.perf_counter()
         runs = Path(self.settings.resolved_runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)  # before Ray starts: it stays open to jobs
+        confinement = self._check_isolation()  # forks a test child: before Ray's threads
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
         near = ray.get_runtime_context().get_node_id()
@@ -229,15 +284,18 @@ class Runtime:
             self.spares = SpareControllers(self.settings.spare_controllers, near_node_id=near)
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, topology=self.topology.current,
                                    near_node_id=near, spares=self.spares,
-                                   train_fn=self.train_fn, extra_env=self.extra_env,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
                                    figures=self._link_figures, quota_for=self._quota_for,
                                    allow_fault_injection=self.settings.allow_fault_injection,
                                    packages_dir=Path(self.settings.packages_dir).resolve(),
                                    usage_interval_s=self.settings.usage_interval_s,
-                                   health_policy=self.settings.health_policy())
+                                   health_policy=self.settings.health_policy(),
+                                   confinement=confinement,
+                                   preemption=self.settings.preemption,
+                                   preempt_min_run_s=self.settings.preempt_min_run_s)
         if self.warm_pool > 0:
-            ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code)
+            ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
+                        confinement=confinement)
         else:
             self._drain_pool()  # a pool left by an earlier start with the pool on
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
@@ -260,6 +318,30 @@ class Runtime:
         log.info("runtime up in %.1f s (ray %s, %s)", time.perf_counter() - t0,
                  "started locally" if self.owns_ray else "joined",
                  "leader" if self.is_leader else "standby: serving reads")
+
+    def _check_isolation(self) -> JobConfinement | None:
+        """Isolated mode: whether this host can confine a rank (a test child process tries,
+        meshyard/_confine.py); the jobs' confinement when it can, None when it cannot (then
+        only admins' code runs, unconfined) or in trusted mode."""
+        if self.settings.isolation is IsolationMode.TRUSTED:
+            self.isolation = None
+            log.warning("%s", TRUSTED_WARNING)
+            return None
+        old = landlock_problem(landlock_abi())  # says which kernel it takes, plainly
+        with tempfile.TemporaryDirectory(prefix="meshyard-confine-") as scratch:
+            problems = [old] if old else self_test(scratch)
+        self.isolation = HostCheck(landlock_abi=landlock_abi(), problems=tuple(problems))
+        (log.info if self.isolation.ok else log.warning)("tenant isolation: %s",
+                                                          self.isolation.describe())
+        return self.settings.job_confinement(api_port=self.api_port) \
+            if self.isolation.ok else None
+
+    def code_refusal(self) -> str | None:
+        """Why non-admin users' code is refused now (isolated mode on a host that cannot
+        confine it); None when it is not."""
+        if self.isolation is None or self.isolation.ok:
+            return None
+        return refusal(self.isolation)
 
     def stop(self) -> None:
         for loop in self._loops:
@@ -345,43 +427,15 @@ class Runtime:
                 loop.poke()
 
     def _drain_pool(self) -> None:
-        """Kills the pool's idle actors and stops its refilling (leased ones finish their
-        jobs first)."""
-        pool = find_pool()
-        if pool is None:
-            return
-        try:
-            ray.get(pool.drain.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - a pool that cannot answer is gone or going
-            log.warning("warm pool did not drain", exc_info=True)
+        drain_pool()
 
     def pool_status(self, *, max_age_s: float = 2.0) -> dict[str, Any] | None:
-        """The warm pool's size and per-node idle / leased actors and idle memory (see
-        WorkerPool.status), at most `max_age_s` old; None when there is no pool."""
-        at, cached = self._pool_cache
-        if time.monotonic() - at < max_age_s:
-            return cached
-        status = None
-        if self.warm_pool > 0 and ray.is_initialized():
-            pool = find_pool()
-            try:
-                status = ray.get(pool.status.remote(), timeout=5) if pool is not None else None
-            except Exception:  # noqa: BLE001 - the page and /metrics show no pool then
-                status = None
-        self._pool_cache = (time.monotonic(), status)
-        return status
+        """The warm pool's status (WorkerPool.status), at most `max_age_s` old."""
+        return self._pool_view.status(max_age_s=max_age_s) if self.warm_pool > 0 else None
 
     def wait_for_pool(self, *, timeout_s: float = 120.0) -> dict[str, int]:
         """Blocks until the warm pool holds `warm_pool` ready actors on every CPU node."""
-        deadline = time.monotonic() + timeout_s
-        ready: dict[str, int] = {}
-        while time.monotonic() < deadline:
-            pool = find_pool()
-            ready = ray.get(pool.ready.remote(), timeout=10) if pool is not None else {}
-            if ready and min(ready.values()) >= self.warm_pool:
-                return ready
-            time.sleep(0.2)
-        raise TimeoutError(f"warm pool not ready after {timeout_s:g} s: {ready}")
+        return wait_for_pool(self.warm_pool, timeout_s=timeout_s)
 
 
 def _calibrated_figures(data_dir: Path) -> LinkFigures | None:
@@ -392,6 +446,8 @@ def _calibrated_figures(data_dir: Path) -> LinkFigures | None:
         return None
 
 
-def build_runtime(*, settings: Settings, store: Store) -> Runtime:
-    # MESHYARD_WARM_POOL (Settings.resolved_warm_pool): warm actors per CPU node, 0 = off.
-    return Runtime(settings, store)
+def build_runtime(*, settings: Settings, store: Store, api_port: int | None = None) -> Runtime:
+    """`api_port`: the port the API really listens on (`--port 0` picks one), which every
+    job's ranks are kept out of. MESHYARD_WARM_POOL (Settings.resolved_warm_pool): warm
+    actors per CPU node, 0 = off."""
+    return Runtime(settings, store, api_port=api_port)

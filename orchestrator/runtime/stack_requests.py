@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from orchestrator.runtime.controller import find_controller, recorded_controller_name
 from orchestrator.runtime.events import Stacks
 from orchestrator.store.repo import Store
-from orchestrator.watchdog.stacks import group_stacks
+from orchestrator.watchdog.stacks import group_native, group_stacks
 
 DEADLINE_S = 60.0
 
@@ -35,7 +35,8 @@ def serve_stack_requests(store: Store) -> None:
 def record_stacks(store: Store, answer: Stacks) -> None:
     groups = [g.to_dict() for g in group_stacks(answer.ranks)]
     result = {"groups": groups, "ranks_answered": len(answer.ranks),
-              "errors": {str(r): e for r, e in answer.errors.items()}, "error": answer.error}
+              "errors": {str(r): e for r, e in answer.errors.items()}, "error": answer.error,
+              "native": [g.to_dict() for g in group_native(answer.native)]}
     store.update_stack_request(answer.request_id, state="done" if answer.ranks else "failed",
                                result=result)
 

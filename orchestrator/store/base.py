@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.access import Role
+from orchestrator.admission.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.store import models as m
 from orchestrator.store import records as r
@@ -44,7 +44,8 @@ class StoreBase:
 def job_record(j: m.Job) -> r.JobRecord:
     return r.JobRecord(
         id=j.id, seq=j.seq, name=j.name, owner=j.owner, state=JobState(j.state),
-        priority=j.priority, spec=j.spec, submission_id=j.submission_id, world_size=j.world_size,
+        priority=j.priority, spec_doc=j.spec, submission_id=j.submission_id,
+        world_size=j.world_size,
         total_steps=j.total_steps, created_at=j.created_at, updated_at=j.updated_at,
         current_attempt=j.current_attempt, last_step=j.last_step, last_loss=j.last_loss,
         pending_reason=j.pending_reason, failure_reason=j.failure_reason, message=j.message,
@@ -59,3 +60,10 @@ def event_record(e: m.Event) -> r.EventRecord:
 
 def user_record(u: m.User) -> r.UserRecord:
     return r.UserRecord(id=u.id, name=u.name, role=Role(u.role), created_at=u.created_at)
+
+
+def attempt_record(a: m.Attempt) -> r.AttemptRecord:
+    return r.AttemptRecord(job_id=a.job_id, number=a.number, state=a.state,
+                           created_at=a.created_at, ended_at=a.ended_at,
+                           failure_reason=a.failure_reason, message=a.message,
+                           placement=a.placement)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,18 +16,24 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from orchestrator.admission.quotas import Quota, check_queued
+from orchestrator.bounds.limits import INT64_MAX
 from orchestrator.lifecycle import (
     ACTIVE_STATES,
+    AttemptState,
+    JobEventKind,
     JobState,
     Reason,
+    can_transition,
     transition,
 )
-from orchestrator.limits import INT64_MAX
-from orchestrator.quotas import Quota, check_queued
 from orchestrator.spec import JobSpec
 from orchestrator.store import models as m
-from orchestrator.store.base import StoreBase, event_record, job_record
-from orchestrator.store.records import EventRecord, JobRecord, UserRecord
+from orchestrator.store.base import StoreBase, attempt_record, event_record, job_record
+from orchestrator.store.records import AttemptRecord, EventRecord, JobRecord, UserRecord
+
+# A state move a caller asks for: (to, reason, message, event data).
+Move = tuple[JobState, Reason, str, dict[str, Any] | None]
 
 MAX_PAGE = 500
 _SUMMARY_COLUMNS = [c for c in m.Job.__table__.c if c.name != "spec"]
@@ -38,6 +47,19 @@ class JobNotFound(LookupError):
 
 class BadCursor(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What a job's events say about it beyond its row (`JobOps.job_facts`)."""
+
+    started_at: datetime | None = None  # when it first entered RUNNING
+    cancelled_by: str | None = None  # who asked to cancel it
+
+
+# A cancel event's message names who asked ("cancel requested by ana", "cancelled by ana
+# while queued"); events recorded before the name went into their data are read from it.
+_CANCELLED_BY = re.compile(r"^(?:cancel requested|cancelled) by (\S+)")
 
 
 class _Raced(Exception):
@@ -134,16 +156,19 @@ class JobOps(StoreBase):
 
     def list_jobs(self, *, viewer: UserRecord | None, state: list[str] | None = None,
                   owner: str | None = None, name: str | None = None, limit: int = 50,
-                  cursor: str | None = None,
+                  cursor: str | None = None, condition: str | None = None,
                   with_spec: bool = True) -> tuple[list[JobRecord], str | None]:
         """Newest first. The cursor is the last seen seq, so jobs submitted while a client
-        pages never shift later pages. with_spec=False leaves `spec` empty ({}) and reads plain
+        pages never shift later pages. `condition` ("hung", "straggling"): only jobs whose
+        open diagnosis says so. with_spec=False leaves `spec` empty ({}) and reads plain
         rows instead of ORM objects: a listing shows no specs, and decoding 50 of them plus
         building 50 ORM instances was ~2/3 of a page's server time."""
         limit = max(1, min(limit, MAX_PAGE))
         stmt = _visible(select(m.Job) if with_spec else select(*_SUMMARY_COLUMNS), viewer)
         if state:
             stmt = stmt.where(m.Job.state.in_([JobState(s).value for s in state]))
+        if condition:
+            stmt = stmt.where(m.Job.condition["kind"].as_string() == condition)
         if owner:
             stmt = stmt.where(m.Job.owner == owner)
         if name:
@@ -153,11 +178,38 @@ class JobOps(StoreBase):
         stmt = stmt.order_by(m.Job.seq.desc()).limit(limit + 1)
         with self._tx() as s:
             records = [job_record(j) for j in s.scalars(stmt)] if with_spec else \
-                [JobRecord(**{**row._mapping, "state": JobState(row.state)}, spec={})
+                [JobRecord(**{**row._mapping, "state": JobState(row.state)}, spec_doc=None)
                  for row in s.execute(stmt)]
         more = len(records) > limit
         records = records[:limit]
         return records, (encode_cursor(records[-1].seq) if more else None)
+
+    def job_facts(self, job_ids: Sequence[str]) -> dict[str, JobFacts]:
+        """Per job, from its state events: when it first ran (entered RUNNING) and who asked
+        to cancel it. Jobs with neither are left out."""
+        if not job_ids:
+            return {}
+        ids = list(dict.fromkeys(job_ids))[:MAX_PAGE]
+        started = (select(m.Event.job_id, func.min(m.Event.at))
+                   .where(m.Event.job_id.in_(ids), m.Event.kind == JobEventKind.STATE.value,
+                          m.Event.dst == JobState.RUNNING.value)
+                   .group_by(m.Event.job_id))
+        cancels = (select(m.Event.job_id, m.Event.message, m.Event.data)
+                   .where(m.Event.job_id.in_(ids), m.Event.kind == JobEventKind.STATE.value,
+                          m.Event.reason == Reason.USER_CANCELLED.value)
+                   .order_by(m.Event.id))
+        out: dict[str, JobFacts] = {}
+        with self._tx() as s:
+            for job_id, at in s.execute(started):
+                out[job_id] = JobFacts(started_at=at)
+            for job_id, message, data in s.execute(cancels):
+                by = (data or {}).get("by") if isinstance(data, dict) else None
+                if not isinstance(by, str):
+                    found = _CANCELLED_BY.search(message or "")
+                    by = found.group(1) if found else None
+                if by and out.get(job_id, JobFacts()).cancelled_by is None:
+                    out[job_id] = replace(out.get(job_id, JobFacts()), cancelled_by=by)
+        return out
 
     def _locked_job(self, s: Session, job_id: str) -> m.Job:
         stmt = select(m.Job).where(m.Job.id == job_id)
@@ -184,7 +236,8 @@ class JobOps(StoreBase):
                         .values(**values).execution_options(synchronize_session=False))
         if res.rowcount != 1:
             raise _Raced
-        s.add(m.Event(job_id=job.id, at=ev.at, kind="state", src=ev.src.value, dst=ev.dst.value,
+        s.add(m.Event(job_id=job.id, at=ev.at, kind=JobEventKind.STATE, src=ev.src.value,
+                      dst=ev.dst.value,
                       reason=ev.reason.value, message=message, data=ev.data))
         s.flush()
         s.refresh(job)
@@ -210,6 +263,40 @@ class JobOps(StoreBase):
 
         return self._retrying(once)
 
+    def fail_attempt(self, job_id: str, number: int, *, failure_reason: str, message: str,
+                     data: dict[str, Any],
+                     decide: Callable[[JobRecord, list[AttemptRecord]], Sequence[Move]]
+                     ) -> bool:
+        """Records attempt `number`'s failure in one transaction: the attempt ends FAILED, an
+        error event carries `data`, and the moves `decide` returns (from the job and its
+        attempts, this one already failed) are applied. An attempt already ended is left as
+        it is (a replayed report): False. A move the lifecycle forbids is skipped."""
+        def once() -> bool:
+            with self._tx() as s:
+                job = self._locked_job(s, job_id)
+                row = s.scalars(select(m.Attempt).where(m.Attempt.job_id == job_id,
+                                                        m.Attempt.number == number)).first()
+                if row is not None and row.ended_at is not None:
+                    return False
+                now = datetime.now(UTC)
+                if row is not None:
+                    row.state, row.failure_reason = AttemptState.FAILED.value, failure_reason
+                    row.message, row.ended_at = message, now
+                s.add(m.Event(job_id=job_id, at=now, kind=JobEventKind.ERROR, src=None, dst=None,
+                              reason=failure_reason, message=f"attempt {number} failed: "
+                              f"{message}", data=data))
+                s.flush()
+                attempts = [attempt_record(a) for a in s.scalars(
+                    select(m.Attempt).where(m.Attempt.job_id == job_id)
+                    .order_by(m.Attempt.number))]
+                for dst, reason, text_, move_data in decide(job_record(job), attempts):
+                    if not can_transition(JobState(job.state), dst):
+                        continue
+                    self._apply(s, job, dst, reason=reason, message=text_, data=move_data)
+                return True
+
+        return bool(self._retrying(once))
+
     def request_cancel(self, job_id: str, *, viewer: UserRecord | None) -> JobRecord:
         """QUEUED → CANCELLED at once; an active job → CANCELLING (the runtime finishes it);
         CANCELLING or terminal: unchanged, so repeating a cancel is harmless."""
@@ -223,19 +310,21 @@ class JobOps(StoreBase):
                 state = JobState(job.state)
                 if state == JobState.QUEUED:
                     self._apply(s, job, JobState.CANCELLED, reason=Reason.USER_CANCELLED,
-                                message=f"cancelled by {who} while queued", data=None)
+                                message=f"cancelled by {who} while queued", data={"by": who})
                 elif state in ACTIVE_STATES and state != JobState.CANCELLING:
                     self._apply(s, job, JobState.CANCELLING, reason=Reason.USER_CANCELLED,
-                                message=f"cancel requested by {who}", data=None)
+                                message=f"cancel requested by {who}", data={"by": who})
                 return job_record(job)
 
         return self._retrying(once)
 
-    def add_event(self, job_id: str, *, kind: str, message: str, reason: str | None = None,
-                  data: dict[str, Any] | None = None) -> EventRecord:
-        if kind not in ("info", "warning", "error"):
+    def add_event(self, job_id: str, *, kind: JobEventKind | str, message: str,
+                  reason: str | None = None, data: dict[str, Any] | None = None
+                  ) -> EventRecord:
+        if kind not in (JobEventKind.INFO, JobEventKind.WARNING, JobEventKind.ERROR):
             raise ValueError(f"event kind {kind!r} must be info, warning or error "
                              "(state events come from transition())")
+        kind = JobEventKind(kind)
         with self._tx() as s:
             self._locked_job(s, job_id)
             ev = m.Event(job_id=job_id, at=datetime.now(UTC), kind=kind, src=None, dst=None,

@@ -187,6 +187,11 @@ class Rank(Base):
     phase: Mapped[str | None] = mapped_column(String(32))
     last_heartbeat: Mapped[datetime | None]
     pid: Mapped[int | None] = mapped_column(Integer)
+    # a script that reports no steps: the collectives its probe saw enqueued, when the first
+    # was seen and when the count last grew (its progress)
+    collectives: Mapped[int | None] = mapped_column(BigInteger)
+    progress_first_at: Mapped[datetime | None]
+    progress_at: Mapped[datetime | None]
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", "rank", name="uq_ranks_job_attempt_rank"),
     )
@@ -211,6 +216,33 @@ class Metric(Base):
     grad_compression_ratio: Mapped[float | None] = mapped_column(Float)
     moe_aux_loss: Mapped[float | None] = mapped_column(Float)  # MoE load-balancing loss
     __table_args__ = (Index("ix_metrics_job_step", "job_id", "step"),)
+
+
+class MetricValue(Base):
+    """One reported metric beyond the fixed columns of `metrics` (val_acc, mfu, anything a
+    job's code reports): one (key, value) of one rank's step. Only names the job's
+    `metric_keys` hold are stored (orchestrator/store/metric_values.py bounds them)."""
+
+    __tablename__ = "metric_values"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+    key: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("ix_metric_values_job_key_step", "job_id", "key", "step"),)
+
+
+class MetricKey(Base):
+    """A name the job's metric_values may carry; a job has at most MAX_KEYS_PER_JOB."""
+
+    __tablename__ = "metric_keys"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class RankUsage(Base):
@@ -328,7 +360,7 @@ class LeaderLease(Base):
 
 
 class NodeHealthRow(Base):
-    """The node health ledger (orchestrator/health.py): one row per node name."""
+    """The node health ledger (orchestrator/nodes/health_policy.py): one row per node name."""
 
     __tablename__ = "node_health"
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -342,3 +374,14 @@ class NodeHealthRow(Base):
     gpus: Mapped[dict[str, Any]]  # {"3": until epoch s | null (permanent)}
     evidence: Mapped[dict[str, Any]]  # {"items": [Evidence.to_dict(), ...]}
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PackageOwner(Base):
+    """Who uploaded which code package (orchestrator/usercode/packages.py): a spec may name only a
+    package its owner uploaded, and nobody else learns that it exists. One row per
+    (package, uploader): the same bytes uploaded by two users belong to both."""
+
+    __tablename__ = "package_owners"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from orchestrator.quotas import QUOTA_NAMES, Quota
+from orchestrator.admission.quotas import QUOTA_NAMES, Quota
 from orchestrator.store import models as m
 from orchestrator.store.base import StoreBase
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from orchestrator.access import Role
-from orchestrator.job_status import status_line
+from orchestrator.admission.access import Role
+from orchestrator.jobs.status_line import status_line
 from orchestrator.lifecycle import JobState
+from orchestrator.spec import JobSpec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class JobRecord:
     owner: str
     state: JobState
     priority: int
-    spec: dict[str, Any]
+    spec_doc: dict[str, Any] | None  # as stored; None on list rows, which leave it out
     submission_id: str | None
     world_size: int
     total_steps: int
@@ -61,9 +63,17 @@ class JobRecord:
     message: str = ""
     condition: dict[str, Any] | None = None  # the open diagnosis (JobCondition.to_dict())
 
+    @cached_property
+    def spec(self) -> JobSpec:
+        """The job's spec, parsed once from the stored document."""
+        if self.spec_doc is None:
+            raise ValueError(f"job {self.id} was read without its spec (a list row); "
+                             "read it with get_job")
+        return parse_spec(self.spec_doc)
+
     @property
     def status(self) -> str:
-        """Where the job is now, in one line (orchestrator/job_status.py)."""
+        """Where the job is now, in one line (orchestrator/jobs/status_line.py)."""
         return status_line(state=self.state, message=self.message, last_step=self.last_step,
                            total_steps=self.total_steps, pending_reason=self.pending_reason,
                            condition=self.condition)
@@ -108,6 +118,9 @@ class RankRecord:
     phase: str | None
     last_heartbeat: datetime | None
     pid: int | None
+    collectives: int | None = None
+    progress_first_at: datetime | None = None
+    progress_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,19 @@
 
 from __future__ import annotations
 
-from orchestrator.store.health import HealthOps
 from orchestrator.store.jobs import JobOps
+from orchestrator.store.metric_values import MetricValueOps
+from orchestrator.store.node_health import HealthOps
+from orchestrator.store.packages import PackageOps
 from orchestrator.store.quotas import QuotaOps
 from orchestrator.store.sessions import SessionOps
 from orchestrator.store.stack_requests import StackRequestOps
 from orchestrator.store.telemetry import TelemetryOps
-from orchestrator.store.usage import UsageOps
+from orchestrator.store.utilisation import UsageOps
 
 
-class Store(SessionOps, QuotaOps, JobOps, TelemetryOps, UsageOps, StackRequestOps,
-            HealthOps):
+class Store(SessionOps, QuotaOps, JobOps, TelemetryOps, MetricValueOps, UsageOps,
+            StackRequestOps, HealthOps, PackageOps):
     """Each method is one transaction. Returns frozen records, never rows."""
 
     def close(self) -> None:

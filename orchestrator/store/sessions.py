@@ -1,7 +1,8 @@
 """Dashboard sessions: a random secret in the browser's cookie, its digest here.
 
-A session belongs to the token it was opened with: revoking that token ends the session, and
-so does logout (the row is deleted) or its expiry.
+A session belongs to the token it was opened with: revoking that token deletes its sessions
+(and a session whose token is revoked by any other way is dead too), and so does logout (the
+row is deleted) or its expiry.
 """
 
 from __future__ import annotations
@@ -37,17 +38,23 @@ class SessionOps(UserOps):
 
     def session_user(self, secret: str) -> UserRecord | None:
         """The user of a live session: not expired, not logged out, its token not revoked."""
+        found = self.session_user_token(secret)
+        return found[0] if found else None
+
+    def session_user_token(self, secret: str) -> tuple[UserRecord, str] | None:
+        """A live session's user and the digest of the token that opened it (a cache of
+        sessions forgets them when that token is revoked)."""
         if not secret:
             return None
         with self._tx() as s:
-            row = s.scalar(
-                select(m.User)
+            row = s.execute(
+                select(m.User, m.ApiToken.token_hash)
                 .join(m.DashboardSession, m.DashboardSession.user_id == m.User.id)
                 .join(m.ApiToken, m.ApiToken.id == m.DashboardSession.token_id)
                 .where(m.DashboardSession.secret_hash == hash_token(secret),
                        m.DashboardSession.expires_at > datetime.now(UTC),
-                       m.ApiToken.revoked.is_(False)))
-            return user_record(row) if row else None
+                       m.ApiToken.revoked.is_(False))).one_or_none()
+            return (user_record(row[0]), str(row[1])) if row else None
 
     def close_session(self, secret: str) -> bool:
         with self._tx() as s:

@@ -10,28 +10,24 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
+from orchestrator.lifecycle import LogStream
 from orchestrator.store import models as m
 from orchestrator.store import records as r
-from orchestrator.store.base import StoreBase
+from orchestrator.store.base import StoreBase, attempt_record
 from orchestrator.store.jobs import JobNotFound
+from orchestrator.store.metric_values import FIXED_FIELDS, store_extra_values
 
 _RANK_FIELDS = ("node", "node_id", "gpu", "coords", "state", "step", "phase", "last_heartbeat",
-                "pid")
-_METRIC_FIELDS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "lr", "grad_comm_bytes",
-                  "grad_compression_ratio", "moe_aux_loss")
-
-
-def _attempt(a: m.Attempt) -> r.AttemptRecord:
-    return r.AttemptRecord(job_id=a.job_id, number=a.number, state=a.state,
-                           created_at=a.created_at, ended_at=a.ended_at,
-                           failure_reason=a.failure_reason, message=a.message,
-                           placement=a.placement)
+                "pid", "collectives", "progress_first_at", "progress_at")
+_METRIC_FIELDS = FIXED_FIELDS
 
 
 def _rank(x: m.Rank) -> r.RankRecord:
     return r.RankRecord(job_id=x.job_id, attempt=x.attempt, rank=x.rank, node=x.node,
                         node_id=x.node_id, gpu=x.gpu, coords=x.coords or {}, state=x.state,
-                        step=x.step, phase=x.phase, last_heartbeat=x.last_heartbeat, pid=x.pid)
+                        step=x.step, phase=x.phase, last_heartbeat=x.last_heartbeat, pid=x.pid,
+                        collectives=x.collectives, progress_first_at=x.progress_first_at,
+                        progress_at=x.progress_at)
 
 
 def _node(n: m.ClusterNodeRow) -> r.NodeRecord:
@@ -52,7 +48,7 @@ class TelemetryOps(StoreBase):
                           created_at=datetime.now(UTC), placement=placement, message="", cursor=0)
             s.add(a)
             s.flush()
-            return _attempt(a)
+            return attempt_record(a)
 
     def end_attempt(self, job_id: str, number: int, *, state: str,
                     failure_reason: str | None = None, message: str = "") -> None:
@@ -65,7 +61,7 @@ class TelemetryOps(StoreBase):
     def list_attempts(self, job_id: str) -> list[r.AttemptRecord]:
         stmt = select(m.Attempt).where(m.Attempt.job_id == job_id).order_by(m.Attempt.number)
         with self._tx() as s:
-            return [_attempt(a) for a in s.scalars(stmt)]
+            return [attempt_record(a) for a in s.scalars(stmt)]
 
     def get_cursor(self, job_id: str, attempt: int) -> int:
         with self._tx() as s:
@@ -103,11 +99,19 @@ class TelemetryOps(StoreBase):
                     .order_by(m.Rank.rank))
             return [_rank(x) for x in s.scalars(stmt)]
 
+    def rank_zero_rows(self, job_id: str) -> list[r.RankRecord]:
+        """Rank 0's row of every attempt, oldest attempt first."""
+        with self._tx() as s:
+            stmt = (select(m.Rank).where(m.Rank.job_id == job_id, m.Rank.rank == 0)
+                    .order_by(m.Rank.attempt))
+            return [_rank(x) for x in s.scalars(stmt)]
+
     # -- metrics --------------------------------------------------------------------------
     def add_metrics(self, job_id: str, attempt: int, rows: list[dict[str, Any]], *,
                     cursor: int | None = None) -> None:
-        """Appends metric points; the job's last_step / last_loss follow the newest step.
-        With `cursor`, the attempt's poll cursor advances in the same transaction."""
+        """Appends metric points (their metrics beyond the fixed columns as metric_values);
+        the job's last_step / last_loss follow the newest step. With `cursor`, the attempt's
+        poll cursor advances in the same transaction."""
         if not rows:
             return
         values = [{"job_id": job_id, "attempt": attempt, "rank": int(x.get("rank", 0)),
@@ -116,6 +120,7 @@ class TelemetryOps(StoreBase):
         newest = max(values, key=lambda v: v["step"])
         with self._tx() as s:
             s.execute(m.Metric.__table__.insert(), values)
+            store_extra_values(s, job_id, attempt, rows)
             job = s.scalar(select(m.Job).where(m.Job.id == job_id))
             if job is None:
                 raise JobNotFound(job_id)
@@ -135,7 +140,7 @@ class TelemetryOps(StoreBase):
                 .where(m.Metric.job_id == job_id, m.Metric.attempt == attempt)
                 .group_by(m.Metric.rank))}
             seen: dict[int, int] = {}
-            values = []
+            values, kept = [], []
             for x in sorted(rows, key=lambda x: (int(x.get("rank", 0)), int(x["step"]))):
                 rank, step = int(x.get("rank", 0)), int(x["step"])
                 stored = newest.get(rank)
@@ -143,12 +148,14 @@ class TelemetryOps(StoreBase):
                 if step <= floor:
                     continue
                 seen[rank] = step
+                kept.append(dict(x, rank=rank))
                 values.append({"job_id": job_id, "attempt": attempt, "rank": rank,
                                "step": step, "time": float(x["time"]),
                                **{k: x.get(k) for k in _METRIC_FIELDS}})
             if not values:
                 return 0
             s.execute(m.Metric.__table__.insert(), values)
+            store_extra_values(s, job_id, attempt, kept)
             job = s.scalar(select(m.Job).where(m.Job.id == job_id))
             if job is None:
                 raise JobNotFound(job_id)
@@ -180,7 +187,7 @@ class TelemetryOps(StoreBase):
             return
         now = datetime.now(UTC)
         values = [{"job_id": job_id, "attempt": attempt, "rank": x.get("rank"),
-                   "at": x.get("at") or now, "stream": x.get("stream", "stdout"),
+                   "at": x.get("at") or now, "stream": x.get("stream", LogStream.STDOUT.value),
                    "line": str(x["line"])} for x in lines]
         with self._tx() as s:
             s.execute(m.LogLine.__table__.insert(), values)

@@ -7,11 +7,11 @@ import hashlib
 import re
 import secrets
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.access import Role
+from orchestrator.admission.access import Role
 from orchestrator.store import models as m
 from orchestrator.store.base import StoreBase, user_record
 from orchestrator.store.records import TokenRecord, UserRecord
@@ -164,8 +164,9 @@ class UserOps(StoreBase):
 
     def revoke_token(self, token_id: int, *, owner: str | None = None
                      ) -> tuple[TokenRecord, str] | None:
-        """Revokes one token (only `owner`'s when given). Returns it and its digest, or None
-        when there is no such token (or it is someone else's)."""
+        """Revokes one token (only `owner`'s when given) and deletes the dashboard sessions it
+        opened. Returns it and its digest, or None when there is no such token (or it is
+        someone else's)."""
         with self._tx() as s:
             row = s.execute(select(m.ApiToken, m.User.name)
                             .join(m.User, m.User.id == m.ApiToken.user_id)
@@ -174,19 +175,26 @@ class UserOps(StoreBase):
                 return None
             token, name = row
             token.revoked = True
+            s.execute(delete(m.DashboardSession).where(m.DashboardSession.token_id == token.id))
             return _token_record(token, name), token.token_hash
 
     def revoke_tokens(self, user_name: str, *, token: str | None = None) -> int:
-        """Revokes one token of the user (`token`) or all of them; returns how many."""
+        """Revokes one token of the user (`token`) or all of them, with the dashboard
+        sessions they opened; returns how many tokens."""
         with self._tx() as s:
             user = s.scalar(select(m.User).where(m.User.name == user_name))
             if user is None:
                 raise LookupError(f"no user named {user_name!r}")
-            stmt = update(m.ApiToken).where(m.ApiToken.user_id == user.id,
-                                            m.ApiToken.revoked.is_(False))
+            which = select(m.ApiToken.id).where(m.ApiToken.user_id == user.id,
+                                                m.ApiToken.revoked.is_(False))
             if token is not None:
-                stmt = stmt.where(m.ApiToken.token_hash == hash_token(token))
-            return int(s.execute(stmt.values(revoked=True)).rowcount or 0)  # type: ignore[attr-defined]
+                which = which.where(m.ApiToken.token_hash == hash_token(token))
+            ids = list(s.scalars(which))
+            if ids:
+                s.execute(update(m.ApiToken).where(m.ApiToken.id.in_(ids)).values(revoked=True))
+                s.execute(delete(m.DashboardSession)
+                          .where(m.DashboardSession.token_id.in_(ids)))
+            return len(ids)
 
     def get_user(self, name: str) -> UserRecord | None:
         with self._tx() as s:

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ansi import strip_ansi
-from orchestrator.limits import MAX_GPUS_PER_NODE, MAX_TOPO_M_CHARS
+from orchestrator.bounds.limits import MAX_GPUS_PER_NODE, MAX_TOPO_M_CHARS
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.topology.model import (
     NODE_LEVEL,
     ClusterNode,

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.topology.model import Nic, NodeTopology
 
 SYSFS_IB = "/sys/class/infiniband"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.topology.model import NODE_LEVEL, NVLINK_DOMAIN_LEVEL, NodeTopology
 
 # Canonical order, finest first; levels not listed here sort after these, by name.

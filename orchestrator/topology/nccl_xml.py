@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.topology.model import Gpu, Nic, NodeTopology, link_cost
 from orchestrator.topology.nvml import normalize_bus_id
 

@@ -5,7 +5,7 @@ The output is a square device matrix (GPUs, then NICs) followed by per-GPU colum
 tab-separated or space-aligned (tabs expanded by whoever copied them), header indented or
 not, terminal escape codes (nvidia-smi underlines the header, `\tESC[4mGPU0 ... ESC[0m`;
 copies keep them, their ESC-less residue or caret notation: all go through
-`orchestrator.ansi.strip_ansi` before anything else), legacy `SOC` for `SYS`, NIC columns named
+`orchestrator.text.ansi.strip_ansi` before anything else), legacy `SOC` for `SYS`, NIC columns named
 `NICk` with a `NIC Legend:` mapping them to `mlx5_2` / `mlx5_bond_0` / netdev names (or
 named by device directly on old drivers), empty CPU-affinity cells, NUMA lists such as
 `0,3-9,11-17`, and `N/A`.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.topology.model import Gpu, Nic, NodeTopology, link_cost
 
 __all__ = ["parse_nic_legend", "parse_topo_matrix", "strip_ansi"]

@@ -6,7 +6,7 @@ Flow (the controller drives it; everything here is pure and never acts):
    step_times=[...])` -> StallDecision (stalled / dead / silent ranks); straggler scores from
    time-to-enter with `detect.straggler_scores` + `detect.find_stragglers`.
 2. On a decision that needs diagnosis, each living rank runs
-   `workers.evidence.collect_evidence(run_dir, rank, stamp=...)` on a side thread and returns
+   `workers.host.evidence.collect_evidence(run_dir, rank, stamp=...)` on a side thread and returns
    a JSON-able summary; dead ranks are evidence too (`evidence_files.read_announcement`,
    exit code). `evidence_files` is the on-disk layout both sides share.
 3. `inputs.RankEvidence.from_summary(summary, alive=...)` per rank ->

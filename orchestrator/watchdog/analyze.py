@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 from orchestrator.watchdog import advice
 from orchestrator.watchdog.align import PgView, build_view, resolve_members
+from orchestrator.watchdog.culprits import GPU_ERROR, NIC_ERROR
 from orchestrator.watchdog.detect import StragglerPolicy, find_stragglers, straggler_scores
+from orchestrator.watchdog.exits import first_line, peer_lost
 from orchestrator.watchdog.hardware import suspect_hardware
 from orchestrator.watchdog.inputs import AnalysisInput, PendingOp, RankEvidence
 from orchestrator.watchdog.report import (
@@ -78,7 +80,7 @@ def analyze(inp: AnalysisInput, *, straggler_policy: StragglerPolicy | None = No
             confidence=finding.confidence, summary=finding.summary + _user_lines(ctx, finding),
             evidence=_rank_reports(ctx), mismatches=finding.mismatches,
             suspect_hardware=finding.hardware,
-            recommendations=advice.recommendations(finding.verdict),
+            recommendations=advice.recommendations(finding.verdict, _facts(ctx, finding)),
             artifacts=_artifacts(inp),
             details={**finding.details, "trigger": inp.trigger, "world_size": inp.world_size,
                      "coverage": round(ctx.coverage, 3), "notes": ctx.notes,
@@ -91,6 +93,29 @@ def analyze(inp: AnalysisInput, *, straggler_policy: StragglerPolicy | None = No
             recommendations=advice.recommendations(Verdict.UNKNOWN),
             artifacts=_safe_artifacts(inp),
             details={"error": f"{type(ex).__name__}: {ex}", "traceback": traceback.format_exc()})
+
+
+def _facts(ctx: _Ctx, finding: _Finding) -> advice.JobFacts:
+    """What this job's evidence says, for the recommendations: its devices, whether a rank
+    exited (of its own error), how many nodes it spans, network errors in its logs."""
+    locs = [ctx.inp.locations.get(r) for r in range(ctx.inp.world_size)]
+    located = [loc for loc in locs if loc is not None]
+    errors = [x for ev in ctx.by_rank.values() for x in ev.log_errors]
+    gpus: bool | None = None
+    if any(loc.gpu is not None for loc in located) or any(GPU_ERROR.search(x) for x in errors):
+        gpus = True
+    elif located and len(located) == len(locs):
+        gpus = False
+    nodes = {loc.node for loc in located}
+    culprit_info = [ctx.by_rank[r].exit_info for r in finding.culprits
+                    if r in ctx.dead and ctx.by_rank[r].exit_info]
+    return advice.JobFacts(
+        gpus=gpus, exited=bool(ctx.dead),
+        crashed=finding.verdict is Verdict.RANK_EXITED and any(
+            not peer_lost(x) and not x.startswith("exit code 0") for x in culprit_info),
+        multi_node=(len(nodes) > 1) if located and len(located) == len(locs) else None,
+        suspect_hardware=bool(finding.hardware),
+        network_errors=any(NIC_ERROR.search(x) for x in errors))
 
 
 def _pg_sort_key(pg: str) -> tuple[int, str]:
@@ -170,14 +195,20 @@ def _mismatch_finding(ctx: _Ctx) -> _Finding | None:
 
 
 def _exited_finding(ctx: _Ctx) -> _Finding:
+    """The culprit is the first rank that ended of its own fault (exception, signal, OOM);
+    ranks whose error says a peer went away ("Connection closed by peer", a recv timeout, an
+    aborted communicator) lost it, and are named once, in one clause, not blamed."""
     dead = sorted(ctx.dead)
-    times: dict[int, float] = {r: t for r in dead
+    lost = [r for r in dead if peer_lost(ctx.by_rank[r].exit_info)]
+    own = [r for r in dead if r not in lost] or dead
+    times: dict[int, float] = {r: t for r in own
                                if (t := ctx.by_rank[r].exit_time_s) is not None}
-    culprits = dead
-    if len(times) == len(dead) and len(dead) > 1:
-        # Peers of a dead rank often die of its death (connection reset): the first is the cause.
+    culprits = own
+    if len(times) == len(own) and len(own) > 1:
+        # Ranks that died within a second of the first died of the same cause, or of it.
         first = min(times.values())
-        culprits = [r for r in dead if times[r] - first <= 1.0]
+        culprits = [r for r in own if times[r] - first <= 1.0]
+    bystanders = [r for r in dead if r not in culprits]
     info = ctx.by_rank[culprits[0]].exit_info
     waits = [v for v in ctx.views if v.stuck_seq is not None and v.waiters]
     tail = ""
@@ -185,10 +216,16 @@ def _exited_finding(ctx: _Ctx) -> _Finding:
         v = waits[0]
         tail = (f"; {len(v.waiters)} rank(s) are waiting for it in {v.stuck_op} "
                 f"#{v.stuck_seq} on {v.label()}")
+    if bystanders:
+        why = first_line(ctx.by_rank[bystanders[0]].exit_info, 200)
+        verb = "lost" if set(bystanders) <= set(lost) else "ended after"
+        tail += (f"; {advice.ranks_text(bystanders).lower()} {verb} "
+                 f"{'it' if len(culprits) == 1 else 'them'}"
+                 + (f" ({why})" if why and verb == "lost" else ""))
     summary = (f"{_who(ctx, culprits)} exited"
-               + (f" ({info})" if info else "") + tail + ".")
+               + (f" ({first_line(info)})" if info else "") + tail + ".")
     return _Finding(Verdict.RANK_EXITED, tuple(culprits), 0.9, summary,
-                    details={"dead_ranks": dead})
+                    details={"dead_ranks": dead, "peer_lost": lost})
 
 
 def _wait_graph_finding(ctx: _Ctx) -> _Finding | None:

@@ -9,7 +9,13 @@ and while a rank saves or loads a checkpoint `checkpoint_timeout_s` does (the ti
 began counts, not the time since the last step).
 Straggler rule: step times even out under all-reduce (everyone waits for the slowest), so a
 straggler is found by TIME-TO-ENTER each collective: the rank that is persistently the last to
-enqueue, by a margin, is the one making the others wait.
+enqueue, by a margin, is the one making the others wait. The margin is relative three ways:
+to the step time (a rank 50 ms late in a 500 ms step costs the job 10 %, which a loaded host
+shows on healthy jobs; the default asks for 30 % of the step), to the spread of its
+peers' enter times, and to the noise of its own lateness (a lag that swings by more than it
+averages is jitter, not a slow rank). The step time is the job's median step when the caller
+knows it, else the rank's own interval between collectives. A straggler is a warning: the job
+runs, only slower.
 """
 
 from __future__ import annotations
@@ -126,6 +132,13 @@ class StragglerPolicy:
     # rank entered within the noise says nothing about who makes the others wait (a loss
     # all-reduce right after a gradient all-reduce has synchronised everyone).
     min_spread_s: float = 0.0
+    # The median lateness must also reach this share of the step time ...
+    min_step_fraction: float = 0.3
+    # ... and this many times the noise of the rank's own lateness (its median absolute
+    # deviation: how much the lag swings from collective to collective).
+    noise_ratio: float = 3.0
+    # The job's step time (seconds) when known; else each rank's interval between collectives.
+    step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,8 @@ class StragglerScore:
     late_fraction: float  # share of collectives where this rank entered last
     median_lateness_s: float  # median of (my enter time - median of the others' enter times)
     others_spread_s: float  # median spread (max - min) of the OTHER ranks' enter times: noise
+    noise_s: float = 0.0  # median absolute deviation of this rank's lateness
+    cadence_s: float = 0.0  # median interval between this rank's consecutive collectives
 
 
 def straggler_scores(enter_times: Mapping[int, Mapping[Any, float]], *,
@@ -159,24 +174,41 @@ def straggler_scores(enter_times: Mapping[int, Mapping[Any, float]], *,
     out = []
     for r in sorted(enter_times):
         n = len(late[r])
+        med = statistics.median(late[r]) if n else 0.0
         out.append(StragglerScore(
             rank=r, samples=n, late_fraction=(last[r] / n) if n else 0.0,
-            median_lateness_s=statistics.median(late[r]) if n else 0.0,
-            others_spread_s=statistics.median(spread[r]) if n else 0.0))
+            median_lateness_s=med,
+            others_spread_s=statistics.median(spread[r]) if n else 0.0,
+            noise_s=statistics.median(abs(x - med) for x in late[r]) if n else 0.0,
+            cadence_s=_cadence(enter_times[r])))
     return tuple(out)
+
+
+def _cadence(times: Mapping[Any, float]) -> float:
+    """Median interval between consecutive collectives (seq s and s+1 of one group)."""
+    gaps = [t - times[prev] for key, t in times.items()
+            if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)
+            and (prev := (key[0], key[1] - 1)) in times and t >= times[prev]]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def find_stragglers(scores: Sequence[StragglerScore],
                     policy: StragglerPolicy = StragglerPolicy()) -> tuple[int, ...]:
-    """Ranks that are persistently the last to enter, by a margin well above the noise.
+    """Ranks that are persistently the last to enter, by a margin well above the noise and
+    a real share of the step time.
 
-    Example: rank 2 enters every all_reduce 0.3 s after ranks 0, 1, 3, which enter within
-    5 ms of each other: late_fraction 1.0, lateness 0.3 s >= max(0.02, 3 x 0.005) -> (2,).
+    Example: rank 2 enters every all_reduce of a 1 s step 0.3 s after ranks 0, 1, 3, which
+    enter within 5 ms of each other: late_fraction 1.0, lateness 0.3 s >= max(0.02,
+    3 x 0.005, 0.3 x 1 s, 3 x its own jitter) -> (2,). Had it been 0.1 s late, that is a
+    tenth of the step: no straggler.
     """
     out = []
     for s in scores:
         if s.samples < policy.min_samples or s.late_fraction < policy.min_late_fraction:
             continue
-        if s.median_lateness_s >= max(policy.min_lateness_s, policy.min_ratio * s.others_spread_s):
+        step = policy.step_s if policy.step_s else s.cadence_s
+        need = max(policy.min_lateness_s, policy.min_ratio * s.others_spread_s,
+                   policy.noise_ratio * s.noise_s, policy.min_step_fraction * step)
+        if s.median_lateness_s > 0 and s.median_lateness_s >= need:
             out.append(s.rank)
     return tuple(out)

@@ -14,7 +14,6 @@ is at or below the group's `last_completed_collective`.
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from orchestrator.isolation.runfiles import plain_loads
 
 _P2P_NAME_RE = re.compile(r"(send|recv)\s*(\d+)\s*(?:->|<-)\s*(\d+)")
 
@@ -246,11 +247,13 @@ def parse_dump(raw: Mapping[str, Any], *, rank: int | None = None) -> RankTrace:
 def load_dump(path: str | Path, *, rank: int | None = None) -> RankTrace:
     """Read a pickled dump file (what TORCH_NCCL_DEBUG_INFO_TEMP_FILE / the pipe writes).
 
-    The rank defaults to the trailing integer of the file name ("trace_3" -> 3).
+    The rank defaults to the trailing integer of the file name ("trace_3" -> 3). A dump is
+    plain data: it is unpickled without admitting any class (whoever wrote the file could
+    otherwise run code in this process).
     Raises OSError / pickle errors on unreadable files; callers decide.
     """
     p = Path(path)
-    raw = pickle.loads(p.read_bytes())  # noqa: S301 - our own / user-supplied trace files
+    raw = plain_loads(p.read_bytes())
     if rank is None:
         m = re.search(r"(\d+)(?:\.\w+)?$", p.name)
         rank = int(m.group(1)) if m else None

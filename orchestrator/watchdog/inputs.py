@@ -1,7 +1,7 @@
 """What the analyzer takes: per-rank evidence, world size, group membership, rank locations.
 
 Pure module. `RankEvidence.from_summary()` reads the JSON-able dict that
-`workers.evidence.collect_evidence()` returns (plus liveness the controller adds), so the
+`workers.host.evidence.collect_evidence()` returns (plus liveness the controller adds), so the
 worker side and the analyzer share one format without the analyzer importing torch.
 """
 
@@ -126,12 +126,14 @@ def _opt_int(v: Any) -> int | None:
 
 def analysis_input(summaries: Mapping[int, Mapping[str, Any]], *, world_size: int,
                    dead: Mapping[int, str] | None = None,
+                   exit_times: Mapping[int, float] | None = None,
                    announcements: Mapping[int, Mapping[str, Any]] | None = None,
                    locations: Mapping[int, RankLocation] | None = None,
                    trigger: str = "stall", artifacts: tuple[str, ...] = ()) -> AnalysisInput:
     """The controller's one call: summaries of the ranks that answered, exit info of the
     dead (with their last announcement), and group membership merged from the summaries'
-    `process_groups` (keyed by group_name, as the Flight Recorder keys groups)."""
+    `process_groups` (keyed by group_name, as the Flight Recorder keys groups). `exit_times`:
+    when each dead rank ended (seconds on one clock), which orders the dead."""
     ranks: list[RankEvidence] = []
     members: dict[str, tuple[int, ...]] = {}
     names: dict[str, str] = {}
@@ -147,6 +149,7 @@ def analysis_input(summaries: Mapping[int, Mapping[str, Any]], *, world_size: in
             continue
         ann = (announcements or {}).get(r)
         ranks.append(RankEvidence(rank=r, alive=False, exit_info=info,
+                                  exit_time_s=(exit_times or {}).get(r),
                                   pending=(PendingOp.from_dict(ann),) if ann else ()))
     return AnalysisInput(ranks=tuple(ranks), world_size=world_size, pg_members=members,
                          pg_names=names, locations=locations or {}, trigger=trigger,

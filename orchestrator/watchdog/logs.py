@@ -3,7 +3,7 @@ monitor, ProcessGroupWrapper) and gloo log lines. Pure module (stdlib only).
 
 `parse_text(text)` returns `LogEvent`s; `event.to_dict()` is the CLI contract
 (`meshyard logs parse FILE --json`): a `kind` plus flat fields. Each line loses its terminal
-escape codes (`orchestrator.ansi`), lines where two NCCL writers collided are split back into
+escape codes (`orchestrator.text.ansi`), lines where two NCCL writers collided are split back into
 records, and each record loses what launchers and log shippers put before it (`log_prefixes`:
 Ray, mpirun, torchrun, Slurm, Kubernetes, Loki, timestamps, in any chain), keeping the ranks
 they name. An NCCL record is then found by its own structure wherever it starts
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi
 from orchestrator.watchdog import log_blocks, log_patterns
 from orchestrator.watchdog.log_prefixes import strip_decorations
 

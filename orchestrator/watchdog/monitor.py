@@ -12,7 +12,9 @@ The controller feeds it what it already drains from the workers every tick (metr
   between observed advances), and the first-step threshold covers the first collective.
 * `probe_due(now_s)` -> True every `probe_interval_s` of healthy progress: the controller then
   collects Flight Recorder entries from every rank and `analysis()` scores time-to-enter
-  (trigger "straggler") -- step times even out under all-reduce, enter times do not.
+  (trigger "straggler") -- step times even out under all-reduce, enter times do not. A rank
+  is reported (`keep_straggler`) once `straggler_confirm` probes in a row named it: one
+  window of lateness on a loaded host is noise, a lag that persists is a straggler.
 * `decide(report)` -> the `Action` for a report under the spec's `watchdog.action`.
 
 It never touches Ray or the workers: the attempt's watchdog in the controller
@@ -112,7 +114,9 @@ class HangMonitor:
     _reported_episode: bool = False
     _last_probe_s: float | None = None
     _probe_steps: int = 0
+    straggler_confirm: int = 2  # consecutive probes that must name the same ranks
     _straggler_reported: set[tuple[int, ...]] = field(default_factory=set)
+    _straggler_streak: tuple[tuple[int, ...], int] = ((), 0)
 
     @classmethod
     def from_spec(cls, watchdog: Watchdog, *, world_size: int, now_s: float,
@@ -142,7 +146,7 @@ class HangMonitor:
         `step`: the step the rank is running, so the one before it is complete, unless it is
         `start_step`, the checkpoint's step a resumed rank started from) and per-rank
         collective counts (user code). Metrics rows arrive in batches at the loop's sync steps
-        (workers/stepsync.py); the heartbeat's step shows progress in between."""
+        (workers/loop/stepsync.py); the heartbeat's step shows progress in between."""
         for row in metrics:
             r, step = row.get("rank"), row.get("step")
             if r is None or step is None:
@@ -259,11 +263,16 @@ class HangMonitor:
         return True
 
     def keep_straggler(self, report: DiagnosisReport) -> bool:
-        """Store a straggler report once per culprit set (the probe repeats)."""
+        """Feed one probe's report: True (store it) when `straggler_confirm` probes in a row
+        named the same slow ranks, once per set of ranks (the probe repeats)."""
         if report.verdict is not Verdict.STRAGGLER or not report.culprit_ranks:
+            self._straggler_streak = ((), 0)
             return False
         key = tuple(report.culprit_ranks)
-        if key in self._straggler_reported:
+        seen, count = self._straggler_streak
+        count = count + 1 if seen == key else 1
+        self._straggler_streak = (key, count)
+        if count < self.straggler_confirm or key in self._straggler_reported:
             return False
         self._straggler_reported.add(key)
         return True
@@ -274,18 +283,20 @@ class HangMonitor:
     # -- analysis ---------------------------------------------------------------------------
     def analysis(self, *, summaries: Mapping[int, Mapping[str, Any]],
                  dead: Mapping[int, str] | None = None,
+                 exit_times: Mapping[int, float] | None = None,
                  announcements: Mapping[int, Mapping[str, Any]] | None = None,
                  locations: Mapping[int, RankLocation] | None = None, trigger: str = "stall",
                  artifacts: tuple[str, ...] = (), context: str = "") -> DiagnosisReport:
         """analysis_input -> analyze -> report with the detection context in `details`."""
         inp = analysis_input(summaries, world_size=self.world_size, dead=dead,
-                             announcements=announcements, locations=locations,
-                             trigger=trigger, artifacts=artifacts)
+                             exit_times=exit_times, announcements=announcements,
+                             locations=locations, trigger=trigger, artifacts=artifacts)
         policy = self.straggler
         med = self.median_step_s()
         if med is not None:
-            # Lateness must matter against the step time, not only against the noise floor.
-            policy = replace(policy, min_lateness_s=max(policy.min_lateness_s, 0.1 * med))
+            # Lateness must matter against the job's step time (else each rank's interval
+            # between collectives stands in for it).
+            policy = replace(policy, step_s=med)
         report = analyze(inp, straggler_policy=policy)
         if not context:
             return report

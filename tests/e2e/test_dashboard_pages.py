@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.access import Role
+from orchestrator.admission.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.mesh import MeshShape
 from tests.e2e.axe import axe_violations, describe
@@ -133,7 +133,8 @@ def test_cluster_page_updates_live(page: Any, server: Server, nodes: list[str],
     row.locator('[data-col="holders"]', has_text="arrives-live").wait_for(timeout=8000)
     assert "4 free / 4 used" in row.inner_text()
     health = row.locator('[data-col="health"]')
-    assert health.inner_text().strip() == "healthy"
+    assert health.locator(".badge").inner_text().strip() == "healthy"
+    assert health.locator("button.cordon").inner_text() == "Cordon"  # the page's user is admin
     cordoned = bearer(server).post(f"/v1/nodes/{nodes[3]}/cordon",
                                    json={"reason": "bad DIMM on GPU 2"})
     assert cordoned.status_code == 200, cordoned.text

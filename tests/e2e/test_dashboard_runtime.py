@@ -249,6 +249,50 @@ def test_crashed_rank_own_last_output_and_message(page: Any, server: Server) -> 
     assert page.errors == []
 
 
+def test_crashed_script_names_the_rank_that_raised_and_its_peers_lost(
+        page: Any, server: Server, tmp_path: Path) -> None:
+    """A 3-rank script that reports nothing, whose rank 1 raises after some all_reduces: the
+    rank table shows rank 1 failed and ranks 0 and 2 "peer lost" (not failed), the step
+    column counts the collectives each rank ran, the charts say how to report instead of
+    drawing empty panels, and no communication is estimated for a model it does not run."""
+    import subprocess
+
+    import yaml
+
+    from tests.e2e.conftest import _meshyard
+
+    code = REPO / "tests" / "fixtures" / "user_code" / "crashy"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "script-crash", "parallelism": {"dp_replicate": 3},
+        "resources": {"device": "cpu", "cpus_per_worker": 0.5},  # this server has 2 CPUs
+        "fault_tolerance": {"max_failures": 0},
+        "entrypoint": {"command": ["python", "train.py"],
+                       "env": {"CRASH_RANK": "1", "CRASH_STEP": "60"}}}))
+    out = subprocess.run([*_meshyard(), "submit", str(spec), "--working-dir", str(code),
+                          "--url", server.url, "--token", server.token, "--json"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    job_id = json.loads(out.stdout)["id"]
+    page.goto(f"/jobs/{job_id}")
+    page.wait_for_function("() => document.getElementById('job-state').textContent "
+                           "=== 'FAILED'", timeout=RUN_MS)
+    assert page.locator("#job-message").inner_text().startswith("ValueError at train.py:")
+    page.locator("#rank-1.culprit").wait_for()
+    page.locator("#rank-0 td", has_text="peer lost").wait_for()
+    assert page.locator("#rank-2 td").nth(9).inner_text() == "peer lost"
+    assert page.locator("#rank-1 td").nth(9).inner_text() == "FAILED"
+    assert page.locator("#rank-body tr.bad").count() == 1  # only the rank that raised
+    steps = [page.locator(f"#rank-{r} td").nth(6).inner_text() for r in range(3)]
+    assert all(re.fullmatch(r"\d+ coll\.", s) and int(s.split()[0]) > 0 for s in steps), steps
+    page.locator("#chart-none").wait_for()
+    assert page.locator("#charts-grid").is_hidden()
+    page.locator("#comm-body td", has_text="runs its own code").wait_for()
+    assert page.errors == []
+
+
 def readme_shot(page: Any, path: Path) -> None:
     """The top of the job page (header with the condition, the diagnosis) 1280 wide,
     quantised to a small PNG for the README."""

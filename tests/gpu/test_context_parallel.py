@@ -59,7 +59,7 @@ def test_cp2_fsdp2_matches_reference(tmp_path: Path) -> None:
 def test_cp_on_cpu_is_refused_with_the_reason() -> None:
     # A spec with resources.device: cpu is refused at submit (422, tests/unit/test_spec.py);
     # device auto that resolves to CPU is refused here, before any collective.
-    from workers.parallelize import apply_cp_fsdp
+    from workers.loop.parallelize import apply_cp_fsdp
 
     with pytest.raises(ValueError, match="CUDA only"):
         apply_cp_fsdp(torch.nn.Linear(2, 2), built=None, mesh=None,  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ def test_single_gpu_strategy_trains_with_nccl(tmp_path: Path, name: str) -> None
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-         "-m", "workers.launch", "--spec", str(spec), "--out", str(out)],
+         "-m", "workers.loop.launch", "--spec", str(spec), "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

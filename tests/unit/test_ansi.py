@@ -1,10 +1,10 @@
-"""`orchestrator.ansi.strip_ansi`: every escape form a capture carries, nothing else."""
+"""`orchestrator.text.ansi.strip_ansi`: every escape form a capture carries, nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.ansi import strip_ansi
+from orchestrator.text.ansi import strip_ansi, strip_controls
 
 
 @pytest.mark.parametrize("text,clean", [
@@ -37,3 +37,35 @@ def test_leaves_text_alone(text: str) -> None:
 def test_linear_on_a_long_run_of_escapes() -> None:
     assert strip_ansi("\x1b[" * 200_000 + "\nx") == "\nx"
     assert strip_ansi("\x1b[" + "1;" * 100_000 + "m") == ""
+
+
+HOSTILE = [
+    ("\x1b]52;c;cm0gLXJmIH4K\x07after", "after"),             # OSC 52: write the clipboard
+    ("\x1b]52;c;cm0gLXJmIH4K\x1b\\after", "after"),           # ... ended by ST
+    ("\x1b]0;owned\x07title", "title"),                        # set the window title
+    ("\x9d0;owned\x9ctitle", "title"),                         # 8-bit OSC to 8-bit ST
+    ("\x1b]2;cut short", ""),                                  # an OSC never ended
+    ("\x1bP+q544e\x1b\\dcs", "dcs"),                           # DCS (XTGETTCAP) with payload
+    ("\x90payload\x9cdcs", "dcs"),                             # 8-bit DCS
+    ("\x1b_apc\x1b\\\x1b^pm\x1b\\\x1bXsos\x1b\\x", "x"),       # APC, PM, SOS strings
+    ("\x1b[2J\x1b[H\x1b[1;1Hhome", "home"),                    # clear screen, cursor moves
+    ("\x1b[1A\x1b[2Kup", "up"),                                # up a line, erase it
+    ("\x9b2J\x9b1;1Hc1", "c1"),                                # 8-bit CSI
+    ("\x1b7\x1b8\x1bc\x1b(0x", "x"),                           # save/restore, reset, charset
+    ("all good\rrank 1 OOM", "all goodrank 1 OOM"),            # a bare CR overwrite
+    ("secret\x08\x08\x08\x08\x08\x08public", "secretpublic"),  # backspaces over a word
+    ("bell\x07 nul\x00 del\x7f vt\x0b ff\x0c", "bell nul del vt ff"),
+    ("line one\r\n", "line one\n"),                            # CRLF keeps its newline
+]
+
+
+@pytest.mark.parametrize(("text", "shown"), HOSTILE)
+def test_strip_controls_leaves_nothing_a_terminal_acts_on(text: str, shown: str) -> None:
+    out = strip_controls(text)
+    assert out == shown
+    assert not any(ord(c) < 0x20 and c not in "\t\n" or 0x7f <= ord(c) <= 0x9f for c in out)
+
+
+def test_strip_controls_keeps_plain_text_tabs_and_newlines() -> None:
+    text = "step 3\tloss 2.5 [rank 0] é ✓ 日本\nnext [36m"
+    assert strip_controls(text) == text

@@ -1,8 +1,8 @@
-"""Architecture rules (ARCHITECTURE.md), checked on the source tree:
+"""Architecture rules (docs/architecture.md), checked on the source tree:
 
 1. The pure core imports no Ray, FastAPI, SQLAlchemy or torch: every module under
    orchestrator/ except the store and the Ray glue in runtime/ (its pure policy, events and
-   failure grouping included), plus workers.assignment. Each is imported in a fresh
+   failure grouping included), plus workers.host.assignment. Each is imported in a fresh
    interpreter and sys.modules is checked after every import, naming the module that pulled a
    framework in.
 2. runtime/ is the only package under orchestrator/ that imports ray (anywhere in a module,
@@ -11,7 +11,11 @@
 4. No import cycle between orchestrator's packages and modules, or between orchestrator and
    workers; the only arrow from orchestrator into workers is runtime/ launching worker actors;
    nothing imports api/.
-5. meshyard/ (what runs inside a user's rank process) imports nothing from api/, workers/ or
+5. api/ (the REST server, the dashboard and the CLI) imports no ray and nothing of workers/;
+   it reaches the Ray glue only where it starts it: `meshyard serve` builds the runtime
+   (api.server) and `meshyard calibrate` runs the benchmark (api.cli.plan_cmds). No route
+   module imports another route module.
+6. meshyard/ (what runs inside a user's rank process) imports nothing from api/, workers/ or
    orchestrator/ (a user's own packages of those names must not collide with it), and
    `import meshyard.train` / `meshyard.runner` load no torch.
 """
@@ -30,14 +34,15 @@ FORBIDDEN = ("ray", "fastapi", "sqlalchemy", "torch")
 IMPURE_PACKAGES = ("orchestrator.store", "orchestrator.runtime")
 PURE_IN_IMPURE = ("orchestrator.runtime", "orchestrator.runtime.events",
                   "orchestrator.runtime.policy", "orchestrator.runtime.failures")
-PURE_WORKERS = ("workers.assignment",)
+PURE_WORKERS = ("workers.host.assignment",)
 WORKERS_MAY_IMPORT = (
-    "orchestrator.spec", "orchestrator.mesh", "orchestrator.documents", "orchestrator.worker_env",
+    "orchestrator.spec", "orchestrator.mesh", "orchestrator.admission.documents", "orchestrator.isolation.worker_env",
     "orchestrator.watchdog.flight_recorder", "orchestrator.watchdog.logs",
     "orchestrator.watchdog.evidence_files", "orchestrator.watchdog.probe_files",
     "orchestrator.planner.calibration.fit",
-    "orchestrator.entrypoint", "orchestrator.worker_env", "orchestrator.limits",
-    "orchestrator.packages", "orchestrator.preflight",
+    "orchestrator.usercode.entrypoint", "orchestrator.isolation.worker_env", "orchestrator.bounds.limits",
+    "orchestrator.usercode.packages", "orchestrator.preflight.verdict", "orchestrator.isolation.runfiles",
+    "orchestrator.isolation.modes",
 )
 
 SCRIPT = """
@@ -149,7 +154,7 @@ def test_pure_modules_load_no_heavy_frameworks() -> None:
     modules = pure_modules()
     for must in ("orchestrator.topology.nvidia_smi", "orchestrator.placement.solver",
                  "orchestrator.planner.planner", "orchestrator.watchdog.monitor",
-                 "orchestrator.runtime.policy", "orchestrator.settings", "workers.assignment"):
+                 "orchestrator.runtime.policy", "orchestrator.settings", "workers.host.assignment"):
         assert must in modules
     loaded = _probe(modules)
     assert list(loaded) == modules
@@ -210,3 +215,36 @@ def test_meshyard_imports_nothing_of_the_service_and_loads_light() -> None:
     assert {m: i for m, i in offenders.items() if i} == {}
     loaded = _probe(["meshyard.train", "meshyard.runner"])
     assert loaded == {"meshyard.train": [], "meshyard.runner": []}
+
+
+RUNTIME_ENTRIES = ("api.server", "api.cli.plan_cmds")
+
+
+def test_api_imports_no_ray_no_workers_and_the_runtime_only_where_it_starts_it() -> None:
+    api = module_files("api")
+    assert "api.routes.jobs" in api and "api.cli.plan_cmds" in api
+    heavy = {m: sorted(i for i in imports_of(p, m) if i.split(".")[0] in ("ray", "workers"))
+             for m, p in api.items()}
+    assert {m: i for m, i in heavy.items() if i} == {}
+    runtime_users = sorted(m for m, p in api.items()
+                           if any(i.startswith("orchestrator.runtime") for i in imports_of(p, m)))
+    assert runtime_users == sorted(RUNTIME_ENTRIES)
+
+
+def test_no_route_module_imports_another() -> None:
+    api = module_files("api")
+    routes = {m for m in api if m.startswith("api.routes.")}
+    assert len(routes) >= 10
+    crossing = {m: sorted(i for i in imports_of(api[m], m)
+                          if i.startswith("api.routes") and i != m)
+                for m in routes}
+    assert {m: i for m, i in crossing.items() if i} == {}
+
+
+
+def test_workers_modules_form_no_cycle_even_through_type_only_imports() -> None:
+    workers = module_files("workers")
+    edges = {m: {i for i in imports_of(p, m) if i in workers and i != m}
+             for m, p in workers.items()}
+    assert "workers.loop.step_contract" in edges["workers.loop.pipeline"]
+    assert find_cycle(edges) is None, f"workers import cycle: {find_cycle(edges)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.documents import MAX_DEPTH, parse_document
+from orchestrator.admission.documents import MAX_DEPTH, parse_document
 from orchestrator.spec import SpecValidationError
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -44,3 +44,32 @@ def test_syntax_errors_name_the_format() -> None:
         parse_document("{nope", yaml_body=False)
     with pytest.raises(SpecValidationError, match="invalid YAML"):
         parse_document("name: [unclosed", yaml_body=True)
+
+
+def test_large_honest_specs_still_decode() -> None:
+    """The raw bounds are conservative, not tight: the largest real specs pass them."""
+    nodes = "".join(f"    - node-{i:05d}\n" for i in range(4096))  # every avoid_nodes entry
+    text = ("name: big\nplacement:\n  avoid_nodes:\n" + nodes +
+            "entrypoint:\n  command: [python, train.py, --lr, '3e-4', '--tags=[a, b]']\n"
+            "  env:\n    CERT: |\n      -----BEGIN CERTIFICATE-----\n      MIIB\n")
+    data = parse_document(text, yaml_body=True)
+    assert len(data["placement"]["avoid_nodes"]) == 4096
+    assert data["entrypoint"]["env"]["CERT"].startswith("-----BEGIN")
+
+
+@pytest.mark.parametrize("text", [
+    "base: &b {lr: 1}\nover:\n  <<: *b\n",  # a merge key is an alias too
+    "a: &x 1\nb: *x\n",
+])
+def test_every_alias_is_refused(text: str) -> None:
+    with pytest.raises(SpecValidationError, match="aliases"):
+        parse_document(text, yaml_body=True)
+
+
+def test_long_plain_scalars_are_strings_and_long_integers_are_refused() -> None:
+    assert parse_document("v: 1." + "0" * 300, yaml_body=True) == {"v": "1." + "0" * 300}
+    assert parse_document("v: 1.5\nw: 0x10\nx: 1_000\ny: 1:30\n", yaml_body=True) == \
+        {"v": 1.5, "w": 16, "x": 1000, "y": 90}
+    for digits in (41, 300):
+        with pytest.raises(SpecValidationError, match="integers are at most 64-bit"):
+            parse_document("v: " + "9" * digits, yaml_body=True)

@@ -1,10 +1,11 @@
-"""The node health policy (orchestrator/health.py), table by table."""
+"""The node health policy (orchestrator/nodes/health_policy.py), table by table."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.health import (
+from orchestrator.nodes.health_policy import (
+    Cordon,
     Evidence,
     HealthPolicy,
     NodeState,
@@ -67,7 +68,9 @@ CUDA = "CUDA error: an illegal memory access was encountered"
      [("a", None, Severity.SUSPECT), ("b", None, Severity.SUSPECT)]),
     # a first timeout without hardware evidence -> suspect
     (_report(Verdict.NOT_JOINED, (1,)), [("a", None, Severity.SUSPECT)]),
-    (_report(Verdict.STRAGGLER, (2,)), [("b", None, Severity.SUSPECT)]),
+    # a straggler is a warning about a job, never suspicion of its node on its own
+    (_report(Verdict.STRAGGLER, (2,)), []),
+    (_report(Verdict.STRAGGLER, (1, 3)), []),
     # software: nothing
     (_report(Verdict.COLLECTIVE_MISMATCH, (1,)), []),
     (_report(Verdict.NON_COLLECTIVE_HANG, (0, 1, 2, 3)), []),
@@ -102,6 +105,23 @@ def test_a_rank_dying_with_a_device_error_cordons(groups: list[dict[str, object]
     evs = evidence_from_failure(groups, job_id="j", at=1.0)
     assert [e.node for e in evs] == expected
     assert all(e.severity == Severity.CORDON for e in evs)
+
+
+@pytest.mark.parametrize(("groups", "expected"), [
+    ([{"signature": "WorkerDied: worker process died: The actor <ID> is unavailable: The actor "
+       "is temporarily unavailable: RpcError", "nodes": ["b"]}], ["b"]),
+    ([{"signature": "WorkerDied: x", "example": "The actor died because its node has died.",
+       "nodes": ["a"]}], ["a"]),
+    ([{"signature": "WorkerDied: worker unreachable", "nodes": ["a", "b"]}], []),  # two nodes
+    ([{"signature": "WorkerDied: worker process died: exit code 43", "nodes": ["a"]}], []),
+    ([{"signature": "RuntimeError: peer unreachable", "nodes": ["a"]}], []),  # not a death
+])
+def test_a_rank_whose_host_is_lost_makes_it_suspect(groups: list[dict[str, object]],
+                                                    expected: list[str]) -> None:
+    evs = evidence_from_failure(groups, job_id="j", at=1.0)
+    assert [e.node for e in evs] == expected
+    assert all(e.severity == Severity.SUSPECT and e.reason.startswith("host unreachable")
+               for e in evs)
 
 
 def _sus(job: str, at: float, node: str = "a") -> Evidence:
@@ -168,3 +188,15 @@ def test_restart_avoids_the_node_of_a_hardware_culprit_on_the_first_diagnosis() 
     assert mon.decide(hang).avoid_nodes == ("b",)
     plain = _report(Verdict.NOT_JOINED, (3,))
     assert mon.decide(plain).avoid_nodes == ()
+
+
+def test_the_view_says_why_each_node_is_cordoned_and_until_when() -> None:
+    timed = admin_cordon(None, node="a", reason="maintenance", now=0.0, permanent=False,
+                         policy=P)
+    forever = admin_cordon(None, node="b", reason="bad DIMM", now=0.0, permanent=True, policy=P)
+    view = health_view([timed, forever], now=10.0, policy=P)
+    assert view.cordoned == {"a", "b"}
+    assert view.cordons == {"a": Cordon("a", "cordoned by admin: maintenance", 100.0),
+                            "b": Cordon("b", "cordoned by admin: bad DIMM", None)}
+    assert view.cordons["b"].to_dict()["permanent"] is True
+    assert health_view([timed], now=101.0, policy=P).cordons == {}  # ended: suspect only

@@ -63,5 +63,15 @@ def test_failed_needs_a_failure_reason() -> None:
 
 def test_counts() -> None:
     # guards against an accidental edit widening the table
-    assert len(LEGAL) == sum(len(v) for v in TRANSITIONS.values()) == 23
-    assert len(ILLEGAL) == 81 - 23
+    assert len(LEGAL) == sum(len(v) for v in TRANSITIONS.values()) == 30
+    assert len(ILLEGAL) == 100 - 30
+
+
+def test_a_preempted_job_is_requeued_or_ends_but_never_runs_on() -> None:
+    for src in (JobState.STARTING, JobState.RUNNING):
+        assert JobState.PREEMPTED in TRANSITIONS[src]
+    assert TRANSITIONS[JobState.PREEMPTED] == {
+        JobState.QUEUED, JobState.SUCCEEDED, JobState.RESTARTING, JobState.CANCELLING,
+        JobState.FAILED}
+    assert transition(JobState.PREEMPTED, JobState.QUEUED, reason=Reason.PREEMPTED).dst \
+        == JobState.QUEUED

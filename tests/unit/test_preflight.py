@@ -1,4 +1,4 @@
-"""The pre-flight verdict (orchestrator/preflight.py) and its restart policy."""
+"""The pre-flight verdict (orchestrator/preflight/verdict.py) and its restart policy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from orchestrator.lifecycle import Reason
 from orchestrator.mesh import MeshShape
 from orchestrator.placement.links import LinkFigures, LinkModel
 from orchestrator.planner.calibration.figures import figures_from
-from orchestrator.preflight import (
+from orchestrator.preflight.verdict import (
     ExpectedLink,
     Site,
     culprits_of,
@@ -66,7 +66,7 @@ def test_preflight_failures_restart_without_counting_max_failures() -> None:
 NV = ExpectedLink("NV18", 450.0, 2.0, ("n0",))
 IB = ExpectedLink("IB@leaf", 50.0, 5.0, ("n0", "n1"))
 LOOP = ExpectedLink("gloo-loopback", 0.25, 100.0, ("n0",))
-NCCL = 0.0005  # orchestrator.preflight.MIN_EXCESS_S["nccl"]
+NCCL = 0.0005  # orchestrator.preflight.verdict.MIN_EXCESS_S["nccl"]
 
 
 @pytest.mark.parametrize(("timings", "min_excess_s", "expected"), [

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.documents import parse_spec_text
+from orchestrator.admission.documents import parse_spec_text
 from orchestrator.spec import (
     JobSpec,
     SpecValidationError,
     check_fits_cluster,
     json_schema,
     parse_spec,
+    spec_warnings,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,10 @@ INVALID = [
      "raise dp_shard"),
     ({"name": "x", "parallelism": {"dp_shard": 2}, "training": {"ddp": {"comm_hook": "powersgd"}}},
      "training.ddp.comm_hook", "pure DDP"),
+    ({"name": "x", "parallelism": {"pp": 2, "dp_replicate": 2, "zero_stage": 1}},
+     "parallelism.zero_stage", "runs without tp and pp only"),
+    ({"name": "x", "parallelism": {"tp": 2, "dp_shard": 2, "zero_stage": 1}},
+     "parallelism.zero_stage", "runs without tp and pp only"),
     ({"name": "x", "inject_fault": {"kind": "hang", "rank": 5}}, "inject_fault.rank",
      "rank 5 does not exist"),
     ({"name": "x", "inject_fault": {"kind": "explode", "rank": 0}}, "inject_fault.kind",
@@ -79,6 +84,13 @@ INVALID = [
      "parallelism.cp", "with dp_shard (FSDP)"),
     ({"name": "x", "parallelism": {"cp": 3}, "resources": {"device": "cuda"}},
      "parallelism.cp", "multiple of it"),
+    ({"name": "x", "preemption": {"grace_s": 0}}, "preemption.grace_s",
+     "greater than or equal to 1"),
+    ({"name": "x", "preemption": {"grace_s": 1e9}}, "preemption.grace_s",
+     "less than or equal to 3600"),
+    ({"name": "x", "preemption": {"preemptible": "maybe"}}, "preemption.preemptible",
+     "valid boolean"),
+    ({"name": "x", "preemption": {"priority": 3}}, "preemption.priority", "unknown field"),
     ({"name": "x", "parallelism": {"ep": 2, "dp_replicate": 2}, "training": {"ddp": {
         "comm_hook": "int8"}}, "model": {"moe": {"experts": 4}}}, "training.ddp.comm_hook",
      "pure DDP"),
@@ -174,3 +186,23 @@ def test_quickstart_and_strategy_examples_exist() -> None:
 @pytest.mark.parametrize("path", EXAMPLE_SPECS)
 def test_examples_are_valid(path: str) -> None:
     parse_spec_text(Path(path).read_text())
+
+
+@pytest.mark.parametrize(("training", "loc"), [
+    ({"optimizer": "adamw", "ddp": {"comm_hook": "topk"}}, "training.ddp.topk_start_iter"),
+    ({"optimizer": "sgd", "ddp": {"comm_hook": "topk"}}, "training.ddp.topk_start_iter"),
+    ({"optimizer": "sgd", "ddp": {"comm_hook": "topk", "topk_start_iter": 25}}, None),
+    ({"optimizer": "adamw", "ddp": {"comm_hook": "int8"}}, None),
+])
+def test_spec_warnings_name_topk_without_a_warm_start(training: dict, loc: str | None) -> None:
+    spec = parse_spec({"name": "x", "parallelism": {"dp_replicate": 2}, "training": training})
+    assert [w.loc for w in spec_warnings(spec)] == ([loc] if loc else [])
+
+
+def test_preemption_defaults_and_both_kinds_carry_it() -> None:
+    spec = parse_spec({"name": "x"})
+    assert spec.preemption.preemptible is True and spec.preemption.grace_s == 60.0
+    user = parse_spec({"name": "u", "entrypoint": {"command": ["python", "train.py"]},
+                       "preemption": {"grace_s": 5}})
+    assert user.preemption.grace_s == 5.0
+    assert parse_spec(user.model_dump(mode="json")).preemption.grace_s == 5.0

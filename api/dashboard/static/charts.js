@@ -1,10 +1,12 @@
 // Line charts in SVG, drawn by hand at the container's own width (so text stays 11 px on a
 // phone): "nice" ticks, an integer step axis or a wall-clock one, an optional log scale, one
-// or more series, and a read-out of every series at the pointer's position.
+// or more series, and a read-out of every series at the pointer's position. A point may carry
+// `lo` and `hi` (a bucket of steps the server downsampled: its min and max), drawn as a band
+// behind the line; `opts.onZoom(from, to)` makes a drag across a step-axis chart zoom.
 "use strict";
 
 window.MYCharts = (function () {
-  const { svg, clear } = window.MY;
+  const { el, svg, clear } = window.MY;
   const M = { l: 52, r: 12, t: 22, b: 28 };
   const MAX_POINTS = 800;
   const drawn = new Set(); // containers to redraw when the window is resized
@@ -112,6 +114,7 @@ window.MYCharts = (function () {
     const o = opts || {};
     drawn.add(container);
     container.__chart = { data, opts: o };
+    const hadFocus = container.contains(document.activeElement); // kept across a redraw
     clear(container);
     const width = Math.max(260, Math.min(900, container.clientWidth || 560));
     const W = width, H = width < 420 ? 190 : 220;
@@ -119,7 +122,7 @@ window.MYCharts = (function () {
     const all = normalise(data).map((s) => ({
       name: s.name, cls: s.cls,
       points: downsample(s.points.filter((p) => p.y !== null && p.y !== undefined && !isNaN(p.y)
-        && (!o.logY || p.y > 0))),
+        && (!o.logY || (p.y > 0 && !(p.lo <= 0))))),
     })).filter((s) => s.points.length);
     const count = all.reduce((n, s) => n + s.points.length, 0);
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "chart-svg",
@@ -133,7 +136,8 @@ window.MYCharts = (function () {
     }
     const ty = (y) => (o.logY ? Math.log10(y) : y);
     const xs = all.flatMap((s) => s.points.map((p) => p.x));
-    const ys = all.flatMap((s) => s.points.map((p) => ty(p.y)));
+    const ys = all.flatMap((s) => s.points.flatMap((p) => (p.lo !== undefined
+      ? [ty(p.y), ty(p.lo), ty(p.hi)] : [ty(p.y)])));
     let x0 = Math.min(...xs), x1 = Math.max(...xs);
     let y0 = Math.min(...ys), y1 = Math.max(...ys);
     if (x1 === x0) x1 = x0 + 1;
@@ -166,9 +170,18 @@ window.MYCharts = (function () {
     root.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, class: "axis" }));
 
     const pathOf = (ps) => ps.map((p, i) => (i ? "L" : "M") + sx(p.x).toFixed(1) + " " + sy(p.y).toFixed(1)).join(" ");
+    let banded = 0;
+    all.forEach((s, i) => {
+      if (!s.points.some((p) => p.lo !== undefined && p.lo !== p.hi)) return;
+      const edge = [...s.points.map((p) => ({ x: p.x, y: p.hi === undefined ? p.y : p.hi })),
+        ...s.points.map((p) => ({ x: p.x, y: p.lo === undefined ? p.y : p.lo })).reverse()];
+      root.appendChild(svg("path", { d: pathOf(edge) + " Z", class: "band " + (all.length > 1 ? "s" + (i % 8) : s.cls || o.cls || "") }));
+      banded += 1;
+    });
+    root.dataset.banded = String(banded);
     all.forEach((s, i) => {
       const cls = "series " + (s.cls || o.cls || "") + (all.length > 1 ? " s" + (i % 8) : "");
-      const noisy = all.length === 1 && s.points.length > 30;
+      const noisy = all.length === 1 && s.points.length > 30 && !banded;
       root.appendChild(svg("path", { d: pathOf(s.points), class: cls + (noisy ? " raw" : "") }));
       if (noisy) root.appendChild(svg("path", { d: pathOf(smooth(s.points)), class: cls + " smooth" }));
     });
@@ -179,7 +192,11 @@ window.MYCharts = (function () {
     const xText = (x) => (o.xKind === "time" ? clock(x, 1) : "step " + x);
     root.appendChild(svg("text", { x: W - M.r, y: 14, "text-anchor": "end", class: "last-label" },
       all.length === 1 ? `last ${fmt(last.y)} at ${xText(last.x)}` : `${all.length} series`));
-    readout(root, all, { sx, sy, W, H, x0, x1, fmt, xText });
+    const fig = container.closest("figure");
+    const caption = fig && fig.querySelector("figcaption");
+    const name = o.name || container.getAttribute("aria-label") || (caption && caption.textContent.trim()) || "";
+    readout(root, all, { sx, sy, W, H, x0, x1, fmt, xText, name, container, onZoom: o.xKind !== "time" ? o.onZoom : null });
+    if (hadFocus) root.focus();
     return root;
   }
 
@@ -198,14 +215,17 @@ window.MYCharts = (function () {
     function show(clientX) {
       const r = root.getBoundingClientRect();
       const px = (clientX - r.left) * (g.W / r.width);
-      const x = g.x0 + (px - M.l) / (g.W - M.l - M.r) * (g.x1 - g.x0);
+      showAt(g.x0 + (px - M.l) / (g.W - M.l - M.r) * (g.x1 - g.x0));
+    }
+    function showAt(x) {
       const at = all.map((s) => nearest(s.points, x));
       const ref = at[0];
       cross.setAttribute("x1", g.sx(ref.x)); cross.setAttribute("x2", g.sx(ref.x));
       cross.setAttribute("visibility", "visible");
       at.forEach((p, i) => { dots[i].setAttribute("cx", g.sx(p.x)); dots[i].setAttribute("cy", g.sy(p.y)); dots[i].setAttribute("visibility", "visible"); });
       while (text.firstChild) text.removeChild(text.firstChild);
-      const lines = [g.xText(ref.x), ...at.slice(0, 8).map((p, i) => (all[i].name ? all[i].name + ": " : "") + g.fmt(p.y))];
+      const lines = [g.xText(ref.x), ...at.slice(0, 8).map((p, i) => (all[i].name ? all[i].name + ": " : "") + g.fmt(p.y)
+        + (p.lo !== undefined && p.lo !== p.hi ? ` (${g.fmt(p.lo)}–${g.fmt(p.hi)}, ${p.n} steps)` : ""))];
       lines.forEach((t, i) => text.appendChild(svg("tspan", { x: 6, dy: i ? 13 : 12 }, t)));
       const w = Math.max(...lines.map((t) => t.length)) * 6.4 + 12, h = lines.length * 13 + 6;
       const bx = Math.min(Math.max(M.l, g.sx(ref.x) + 8), g.W - M.r - w);
@@ -213,13 +233,70 @@ window.MYCharts = (function () {
       box.setAttribute("transform", `translate(${bx},${M.t})`);
       box.setAttribute("visibility", "visible");
       root.dataset.readout = lines.join(" | ");
+      return lines;
     }
+    // Keyboard: the chart takes focus; the arrow keys move the read-out point by point (with
+    // Shift ten at a time), Home and End go to the first and the last, Escape hides it. What
+    // it reads is announced through a polite live region.
+    const spoken = el("span", { class: "sr-only", "aria-live": "polite" });
+    root.after(spoken);
+    const xs = all[0].points.map((p) => p.x);
+    // The point read last, by its x, so a redraw with more points keeps it.
+    const was = g.container.__readX;
+    let at = was === undefined ? -1 : Math.max(0, xs.findIndex((x) => x >= was));
+    function keyTo(i) {
+      at = Math.max(0, Math.min(xs.length - 1, i));
+      g.container.__readX = xs[at];
+      spoken.textContent = showAt(xs[at]).join(", ");
+    }
+    root.setAttribute("tabindex", "0");
+    root.setAttribute("role", "img");
+    const name = g.name || "chart";
+    root.setAttribute("aria-label", name + ": arrow keys read the values point by point");
+    root.addEventListener("focus", () => keyTo(at < 0 ? xs.length - 1 : at));
+    root.addEventListener("blur", () => hide());
+    root.addEventListener("keydown", (e) => {
+      const step = e.shiftKey ? 10 : 1;
+      const moves = { ArrowRight: at + step, ArrowUp: at + step, ArrowLeft: at - step, ArrowDown: at - step,
+        Home: 0, End: xs.length - 1 };
+      if (e.key === "Escape") { hide(); return; }
+      if (!(e.key in moves)) return;
+      e.preventDefault();
+      keyTo(moves[e.key]);
+    });
     function hide() {
       [cross, box, ...dots].forEach((n) => n.setAttribute("visibility", "hidden"));
     }
-    hit.addEventListener("pointermove", (e) => show(e.clientX));
-    hit.addEventListener("pointerdown", (e) => show(e.clientX));
-    hit.addEventListener("pointerleave", hide);
+    // Drag zoom: the steps under a drag of more than 6 px become the charts' range.
+    const sel = svg("rect", { y: M.t, height: g.H - M.t - M.b, class: "zoom-sel", visibility: "hidden" });
+    root.insertBefore(sel, hit);
+    let dragFrom = null;
+    const stepAt = (clientX) => {
+      const r = root.getBoundingClientRect();
+      const px = Math.min(Math.max((clientX - r.left) * (g.W / r.width), M.l), g.W - M.r);
+      return { px, x: g.x0 + (px - M.l) / (g.W - M.l - M.r) * (g.x1 - g.x0) };
+    };
+    hit.addEventListener("pointermove", (e) => {
+      show(e.clientX);
+      if (dragFrom === null) return;
+      const a = stepAt(e.clientX).px;
+      sel.setAttribute("x", Math.min(a, dragFrom.px)); sel.setAttribute("width", Math.abs(a - dragFrom.px));
+      sel.setAttribute("visibility", "visible");
+    });
+    hit.addEventListener("pointerdown", (e) => {
+      show(e.clientX);
+      if (g.onZoom && e.pointerType === "mouse") dragFrom = stepAt(e.clientX);
+    });
+    hit.addEventListener("pointerup", (e) => {
+      if (dragFrom === null) return;
+      const end = stepAt(e.clientX), start = dragFrom;
+      dragFrom = null;
+      sel.setAttribute("visibility", "hidden");
+      if (Math.abs(end.px - start.px) > 6) {
+        g.onZoom(Math.floor(Math.min(start.x, end.x)), Math.ceil(Math.max(start.x, end.x)));
+      }
+    });
+    hit.addEventListener("pointerleave", () => { hide(); dragFrom = null; sel.setAttribute("visibility", "hidden"); });
   }
 
   let resizeTimer = null;

@@ -1,11 +1,18 @@
 // Cluster page, live: every 2 s the node table's status, health (as cluster/_nodes.html's
-// health_col draws it), GPU strips and holders follow /cluster.json; the utilisation columns (CPU, memory, GPU, a 30-minute CPU trend) follow
-// /v1/cluster/usage. Cells are found by data-col, so columns without one stay as rendered.
+// health_col draws it: a node Ray lost is "lost"), CPUs reserved, GPU strips and holders
+// (GPUs and CPUs per job) follow /cluster.json; the utilisation columns (CPU, memory, GPU, a
+// 30-minute CPU trend) follow /v1/cluster/usage. Cells are found by data-col, so columns
+// without one stay as rendered. Admins cordon and uncordon a node from its health cell (two
+// clicks; POST /v1/nodes/{name}/cordon or /uncordon with the page's CSRF token).
 "use strict";
 
 (function () {
   const { el, svg, clear, api, fmtBytes, fmtPercent, fmtClock, poll } = window.MY;
   const body = document.getElementById("nodes-body");
+  const table = document.getElementById("nodes-table");
+  const isAdmin = !!table && table.dataset.admin === "1";
+  let armed = null; // {node, action, timer}: the cordon button clicked once
+  let pollNow = () => {};
   const WINDOW_S = 1800;
   const samples = new Map(); // node -> [{at, cpu_percent, ...}]
   let since = Date.now() / 1000 - WINDOW_S;
@@ -18,7 +25,7 @@
       el("td", {}, el("strong", {}, n.name)), el("td", { dataset: { col: "status" } }),
       el("td", { class: "health", dataset: { col: "health" } }),
       el("td", {}, ...Object.entries(n.labels).map(([k, v]) => el("span", { class: "tag" }, k + "=" + v))),
-      el("td", { class: "num" }, String(n.cpus)), el("td", { dataset: { col: "gpus" } }),
+      el("td", { class: "num", dataset: { col: "cpus" } }), el("td", { dataset: { col: "gpus" } }),
       el("td", { dataset: { col: "holders" } }), el("td", { class: "num", dataset: { col: "cpu" } }),
       el("td", { class: "num", dataset: { col: "mem" } }), el("td", { dataset: { col: "gpu-util" } }),
       el("td", { class: "trend", dataset: { col: "trend" } }));
@@ -31,14 +38,21 @@
     if (!n.holders.length) { td.appendChild(el("span", { class: "muted" }, "—")); return; }
     for (const h of n.holders) {
       const who = h.job_id ? el("a", { href: "/jobs/" + encodeURIComponent(h.job_id) }, h.job_name) : h.job_name;
-      td.appendChild(el("div", { class: "small holder" }, who, `: GPU ${h.gpus}` + (h.ranks ? ` · rank ${h.ranks}` : "")));
+      const parts = [h.gpus ? "GPU " + h.gpus : "", h.cpus ? `${+h.cpus.toFixed(3)} CPU${h.cpus === 1 ? "" : "s"}` : ""].filter(Boolean);
+      td.appendChild(el("div", { class: "small holder" }, who, ": " + parts.join(" · ") + (h.ranks ? ` · rank ${h.ranks}` : "")));
     }
   }
 
-  function drawHealth(td, h) {
+  function drawHealth(td, h, n) {
     clear(td);
+    if (!n.alive) {
+      td.appendChild(el("span", { class: "badge health-lost" }, "lost"));
+      td.appendChild(el("div", { class: "small health-reason" }, "Ray lost this node; no job is placed on it"));
+      return;
+    }
     const state = h ? h.state : "healthy";
     td.appendChild(el("span", { class: "badge health-" + state }, state));
+    if (isAdmin) td.append(" ", cordonButton(n.name, state === "cordoned" ? "uncordon" : "cordon"));
     if (!h) return;
     if (h.until) td.append(" ", el("span", { class: "small muted" }, h.until));
     if (h.gpus) td.appendChild(el("div", { class: "small" }, `GPU ${h.gpus} cordoned`));
@@ -48,6 +62,38 @@
         "diagnosis " + diag), " ");
     }
   }
+
+  function cordonButton(node, action) {
+    const on = armed && armed.node === node && armed.action === action;
+    return el("button", { type: "button", class: "small cordon" + (on ? " armed" : ""),
+      dataset: { node, action } }, on ? "Confirm " + action : action === "cordon" ? "Cordon" : "Uncordon");
+  }
+
+  if (body && isAdmin) body.addEventListener("click", async (e) => {
+    const b = e.target.closest("button.cordon");
+    if (!b) return;
+    const { node, action } = b.dataset;
+    if (!armed || armed.node !== node || armed.action !== action) {
+      if (armed) clearTimeout(armed.timer);
+      armed = { node, action, timer: setTimeout(() => { armed = null; pollNow(); }, 5000) };
+      b.textContent = "Confirm " + action;
+      b.classList.add("armed");
+      return;
+    }
+    clearTimeout(armed.timer);
+    armed = null;
+    b.disabled = true;
+    const status = document.getElementById("cordon-status");
+    try {
+      await api("/v1/nodes/" + encodeURIComponent(node) + "/" + action, { method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ reason: action + "ed from the dashboard" }) });
+      status.textContent = node + ": " + action + "ed";
+    } catch (err) {
+      status.textContent = node + ": " + action + " failed: " + err.message;
+    }
+    pollNow();
+  });
 
   function drawGpus(td, n) {
     clear(td);
@@ -121,8 +167,7 @@
 
   async function tick() {
     const now = await api("/cluster.json");
-    document.getElementById("gpu-summary").textContent =
-      `${now.used} of ${now.total} GPUs in use on ${now.alive} live nodes`;
+    document.getElementById("gpu-summary").textContent = now.summary;
     document.getElementById("no-nodes").hidden = now.nodes.length > 0;
     if (body && Date.now() - usageAt > 5000) { usageAt = Date.now(); await loadUsage(); }
     if (!body) return true;
@@ -130,7 +175,8 @@
       const tr = document.getElementById("node-" + n.name) || newRow(n);
       tr.className = n.alive ? "" : "dead";
       cell(tr, "status").textContent = n.alive ? "alive" : "lost";
-      drawHealth(cell(tr, "health"), now.health[n.name]);
+      drawHealth(cell(tr, "health"), now.health[n.name], n);
+      cell(tr, "cpus").textContent = `${+n.cpus_used.toFixed(3)} of ${n.cpus}`;
       drawGpus(cell(tr, "gpus"), n);
       drawHolders(cell(tr, "holders"), n);
       drawUsage(tr, n.name);
@@ -138,5 +184,6 @@
     return true;
   }
 
-  poll(tick, 2000);
+  const poller = poll(tick, 2000);
+  pollNow = () => poller.now();
 })();

@@ -92,7 +92,11 @@ window.MYDiagnosis = (function () {
     const byAge = [...items].sort((a, b) => b.id - a.id);
     const latest = byAge[0];
     const r = latest.report || {};
-    const culprits = new Set(latest.culprit_ranks || []);
+    // A straggler is a warning, not a culprit: the job trains on, only slower. Its slow
+    // ranks are listed in the warning colour, and nothing is outlined as a culprit.
+    const warning = latest.verdict === "STRAGGLER";
+    const named = new Set(latest.culprit_ranks || []);
+    const culprits = warning ? new Set() : named;
     section.hidden = false;
     document.getElementById("diag-title").textContent = TITLES[latest.verdict] || "Diagnosis";
     section.className = "card diagnosis v-" + String(latest.verdict).toLowerCase();
@@ -103,10 +107,14 @@ window.MYDiagnosis = (function () {
       `attempt ${latest.attempt} · ${fmtTime(latest.created_at)}` +
       (r.confidence !== undefined ? ` · confidence ${Number(r.confidence).toFixed(2)}` : "");
     document.getElementById("diag-summary").textContent = latest.summary;
+    document.getElementById("diag-culprits-label").textContent =
+      warning ? "Slow ranks (a warning; the job keeps training)" : "Culprit ranks";
     const cul = document.getElementById("diag-culprits");
     clear(cul);
-    if (!culprits.size) cul.textContent = "none identified";
-    for (const c of culprits) cul.appendChild(el("a", { href: "#rank-" + c, class: "culprit-chip" }, "rank " + c));
+    if (!named.size) cul.textContent = "none identified";
+    for (const c of named) {
+      cul.appendChild(el("a", { href: "#rank-" + c, class: warning ? "culprit-chip warn-chip" : "culprit-chip" }, "rank " + c));
+    }
 
     const hw = document.getElementById("diag-hardware");
     clear(hw);

@@ -6,7 +6,7 @@
 "use strict";
 
 window.MYJob = (function () {
-  const { api, fmtNum, fmtClock, poll, TERMINAL } = window.MY;
+  const { api, fmtNum, fmtClock, fmtTime, fmtAge, ageSeconds, poll, TERMINAL } = window.MY;
   const root = document.getElementById("job-root");
   const jobId = root.dataset.jobId;
   const panels = [];
@@ -37,6 +37,14 @@ window.MYJob = (function () {
     bar.value = Math.min(step, job.total_steps);
     document.getElementById("job-loss").textContent = fmtNum(job.last_loss);
     document.getElementById("job-attempt").textContent = String(job.current_attempt);
+    document.getElementById("job-submitted").textContent = fmtTime(job.created_at);
+    document.getElementById("job-started").textContent = job.started_at ? fmtTime(job.started_at) : "not yet";
+    // From submission to the end (a finished job's last change), or to now.
+    const since = (iso) => ctx.terminal ? Math.max(0, (Date.parse(job.updated_at) - Date.parse(iso)) / 1000) : ageSeconds(iso);
+    document.getElementById("job-duration").textContent = fmtAge(since(job.created_at))
+      + (job.started_at ? " (" + fmtAge(since(job.started_at)) + " since it started)" : "");
+    show(document.getElementById("job-cancelled-by-fact"), !!job.cancelled_by);
+    document.getElementById("job-cancelled-by").textContent = job.cancelled_by || "";
     const c = job.condition;
     // The banner says what the condition is; the status line where training stands.
     const status = c && c.kind === "hung" ? `no progress since step ${step} of ${job.total_steps}`
@@ -59,6 +67,9 @@ window.MYJob = (function () {
       cancel.disabled = job.state === "CANCELLING";
     }
     show(document.getElementById("stacks-btn"), job.state === "STARTING" || job.state === "RUNNING");
+    // What the cancel button said ("cancel requested") is over once the job has ended.
+    const said = document.getElementById("action-status");
+    if (ctx.terminal && said.dataset.about === "cancel") { said.textContent = ""; delete said.dataset.about; }
   }
 
   // The pending reason's sentence; its numbers (needed / free GPUs) stay in the API.
@@ -84,8 +95,9 @@ window.MYJob = (function () {
     status.textContent = "cancelling…";
     try {
       const job = await api(ctx.base + "/cancel", { method: "POST" });
-      renderJob(job);
       status.textContent = "cancel requested (" + job.state + ")";
+      status.dataset.about = "cancel";
+      renderJob(job);
     } catch (err) {
       status.textContent = "cancel failed: " + err.message;
       cancelBtn.disabled = false;

@@ -1,10 +1,12 @@
 // Logs: per attempt, filtered by rank, stream and text (all server-side), the newest 500
 // lines first and older pages on request, followed live; one rank's whole log downloads as
-// a file.
+// a file. Each line shows when it was logged; the searched text is highlighted; "First
+// traceback" shows the lines from the first Python traceback of the attempt on.
 "use strict";
 
 (function () {
-  const { el, api } = window.MY;
+  const { el, clear, api } = window.MY;
+  const TRACEBACK = "Traceback (most recent call last)";
   const PAGE = 500, KEEP = 5000;
   const attemptSel = document.getElementById("log-attempt");
   const rankSel = document.getElementById("log-rank");
@@ -14,6 +16,7 @@
   const download = document.getElementById("log-download");
   const pre = document.getElementById("log-tail");
   const count = document.getElementById("log-count");
+  const jump = document.getElementById("log-traceback");
   let lines = [], newest = 0, oldest = null, exhausted = false, loaded = false, ctxRef = null;
   // A filter change starts a new generation; a response to an older one is dropped.
   let gen = 0;
@@ -27,17 +30,89 @@
     return q.toString();
   }
 
-  function text(l) {
-    return (l.rank === null ? "[ctl]" : "[" + l.rank + "]") + (l.stream === "stderr" ? "! " : " ") + l.line;
+  const two = (n, w) => String(n).padStart(w || 2, "0");
+  // "14:03:07.123" in the browser's time zone.
+  function clock(iso) {
+    const d = new Date(iso);
+    return isNaN(d) ? "" : `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}.${two(d.getMilliseconds(), 3)}`;
+  }
+
+  // The line's text with every case-insensitive match of the search in <mark>.
+  function marked(textValue, needle) {
+    const span = el("span", { class: "log-text" });
+    if (!needle) { span.textContent = textValue; return span; }
+    const low = textValue.toLowerCase(), n = needle.toLowerCase();
+    let at = 0;
+    for (let i = low.indexOf(n); i !== -1; i = low.indexOf(n, at)) {
+      if (i > at) span.appendChild(document.createTextNode(textValue.slice(at, i)));
+      span.appendChild(el("mark", {}, textValue.slice(i, i + n.length)));
+      at = i + n.length;
+    }
+    if (at < textValue.length) span.appendChild(document.createTextNode(textValue.slice(at)));
+    return span;
+  }
+
+  function lineNode(l, needle) {
+    const who = (l.rank === null ? "[ctl]" : "[" + l.rank + "]") + (l.stream === "stderr" ? "!" : "");
+    return el("span", { class: "log-line" + (l.stream === "stderr" ? " err" : ""), dataset: { id: String(l.id) } },
+      el("span", { class: "log-who" }, who), " ",
+      el("time", { class: "log-ts", datetime: l.at, title: l.at }, clock(l.at)), " ", marked(l.line, needle));
+  }
+
+  // Appends lines to the box, one per text line (no newline after the last).
+  function appendLines(items, needle) {
+    const frag = document.createDocumentFragment();
+    let first = !pre.querySelector(".log-line");
+    for (const l of items) {
+      if (!first) frag.appendChild(document.createTextNode("\n"));
+      frag.appendChild(lineNode(l, needle));
+      first = false;
+    }
+    pre.appendChild(frag);
   }
 
   function draw(keepBottom) {
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    pre.textContent = lines.length ? lines.map(text).join("\n") : "(no log lines match)";
+    const needle = search.value.trim();
+    clear(pre);
+    if (!lines.length) pre.textContent = "(no log lines match)";
+    appendLines(lines, needle);
     if (keepBottom && atBottom) pre.scrollTop = pre.scrollHeight;
     older.disabled = exhausted;
-    count.textContent = lines.length + " line(s) shown" + (exhausted ? " (from the first)" : "");
+    count.textContent = lines.length + " line(s) shown" + (exhausted ? " (from the first)" : "")
+      + (needle ? " · matches of \u201c" + needle + "\u201d highlighted" : "");
   }
+
+  // Shows the attempt's lines (under the rank and stream chosen) from the first one that
+  // starts a Python traceback; following continues from there.
+  jump.addEventListener("click", async () => {
+    if (!ctxRef) return;
+    const g = gen;
+    const q = new URLSearchParams({ q: TRACEBACK, limit: "1" });
+    if (attemptSel.value) q.set("attempt", attemptSel.value);
+    if (rankSel.value !== "") q.set("rank", rankSel.value);
+    if (streamSel.value) q.set("stream", streamSel.value);
+    const found = await api(ctxRef.base + "/logs?" + q.toString());
+    if (g !== gen) return;
+    if (!found.items.length) { count.textContent = "no traceback in these lines"; return; }
+    const first = found.items[0].id;
+    if (!lines.length || first < lines[0].id) {
+      const data = await api(ctxRef.base + "/logs?" + query({ after: first - 1, limit: PAGE }));
+      if (g !== gen) return;
+      lines = data.items;
+      oldest = lines.length ? lines[0].id : null;
+      newest = lines.length ? lines[lines.length - 1].id : newest;
+      exhausted = false;
+      loaded = true;
+      draw(false);
+    }
+    const node = pre.querySelector(`[data-id="${first}"]`);
+    if (!node) return;
+    pre.querySelectorAll(".log-line.target").forEach((n) => n.classList.remove("target"));
+    node.classList.add("target");
+    pre.scrollTop = node.offsetTop - pre.offsetTop;
+    pre.focus();
+  });
 
   function reset() {
     gen += 1;
@@ -104,10 +179,21 @@
       }
       const data = await api(ctx.base + "/logs?" + query({ after: newest, limit: 1000 }));
       if (g !== gen || !data.items.length) return;
+      const wasEmpty = !lines.length;
       lines.push(...data.items);
       newest = lines[lines.length - 1].id;
-      if (lines.length > KEEP) { lines = lines.slice(-KEEP); oldest = lines[0].id; exhausted = false; }
-      draw(true);
+      if (lines.length > KEEP || wasEmpty) {
+        if (lines.length > KEEP) { lines = lines.slice(-KEEP); oldest = lines[0].id; exhausted = false; }
+        draw(true);
+        return;
+      }
+      // New lines are appended to what is shown; the view stays at the bottom if it was.
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      const needle = search.value.trim();
+      appendLines(data.items, needle);
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+      count.textContent = lines.length + " line(s) shown" + (exhausted ? " (from the first)" : "")
+        + (needle ? " · matches of \u201c" + needle + "\u201d highlighted" : "");
     },
   });
 })();

@@ -53,16 +53,20 @@
       const cond = r.condition;
       const values = {
         rank: r.rank, pp: c.pp ?? "–", dp: (c.dp_replicate || 0) * size.dp_shard + (c.dp_shard || 0), tp: c.tp ?? "–",
-        node: r.node || "–", gpu: r.gpu ?? "–", step: r.step ?? "–", phase: r.phase || "–",
+        node: r.node || "–", gpu: r.gpu ?? "–", phase: r.phase || "–",
+        // a script that reports no steps progresses by the collectives its ranks enqueue
+        step: !r.step && r.collectives != null ? r.collectives + " coll." : r.step ?? "–",
         // a finished job's clock stops: when its last heartbeat came, not how long ago
         hb: final ? (r.last_heartbeat ? "last " + fmtClock(r.last_heartbeat) : "–") : fmtAge(age),
-        state: cond ? cond.state + (cond.collective ? " · " + cond.collective : "") : r.state,
+        state: cond ? cond.state + (cond.collective ? " · " + cond.collective : "")
+          : r.state === "PEER_LOST" ? "peer lost" : r.state,
         cpu: u ? fmtPercent(u.cpu_percent) : "–", mem: u ? fmtBytes(u.rss_bytes) : "–",
         gpuu: u && u.gpu_util !== null ? fmtPercent(u.gpu_util) : "–",
       };
       for (const [k, v] of Object.entries(values)) if (row.cells[k].textContent !== String(v)) row.cells[k].textContent = String(v);
       const culprit = named.has(r.rank);
-      const bad = culprit || stale || /fail|dead|exit|error|lost/i.test(r.state);
+      // a rank that only lost a peer is fallout, not a problem of its own
+      const bad = culprit || stale || (r.state !== "PEER_LOST" && /fail|dead|exit|error|lost/i.test(r.state));
       row.tr.className = [culprit ? "culprit" : "", stale ? "stale" : "", bad ? "bad" : "",
         cond ? "cond-" + cond.state : ""].join(" ").trim();
       const visible = matches(r, needle) && (!problems.checked || bad);
@@ -97,7 +101,10 @@
         el("td", { class: "num" }, String(r.calls_per_step)), el("td", { class: "num" }, r.overlap),
         el("td", { class: "num" }, r.est_time), el("td", {}, r.bottleneck)));
     }
-    if (!data.rows.length) tbody.appendChild(el("tr", {}, el("td", { colspan: "8", class: "muted" }, "No communication (one rank).")));
+    if (!data.rows.length) {
+      note.textContent = "";
+      tbody.appendChild(el("tr", {}, el("td", { colspan: "8", class: "muted" }, data.note || "No communication (one rank).")));
+    }
   }
 
   function select(rank) {

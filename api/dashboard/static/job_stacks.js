@@ -1,6 +1,9 @@
-// "Stacks now" (the button, shown while workers run, is job.js's): asks the runtime for every rank's Python stacks (POST /v1/jobs/{id}/stacks),
-// waits for the answer and shows the stacks grouped: identical ones merged with their ranks,
-// training threads first, as py-spy dump readers expect.
+// "Stacks now" (the button, shown while workers run, is job.js's): asks the runtime for every
+// rank's Python stacks (POST /v1/jobs/{id}/stacks), waits for the answer and shows the stacks
+// grouped by the server: ranks in the same user frames are one group, training threads first.
+// Each group leads with its innermost user frame; the frames that only start a rank (runpy,
+// Ray, meshyard's runner: "wrapper") fold into one expandable line; nothing is cut. Where py-spy
+// is installed, each rank's native stacks follow (grouped the same way, folded).
 "use strict";
 
 (function () {
@@ -28,13 +31,53 @@
       ` · ${req.groups.length} distinct stack(s)`;
     for (const g of req.groups) {
       const who = (g.ranks.length === 1 ? "rank " : g.ranks.length + " ranks: ") + g.ranks_text;
+      const top = g.user_frame ? " · at " + where(g.user_frame) : "";
       const d = el("details", { class: "stack" + (g.training ? " training" : ""), dataset: { ranks: g.ranks.join(",") } },
-        el("summary", {}, `${who} · ${g.threads.join(", ")}`),
-        el("pre", { tabindex: "0" }, g.stack));
+        el("summary", {}, `${who} · ${g.threads.join(", ")}${top}`),
+        g.frames && g.frames.length ? frameList(g.frames) : el("pre", { class: "stack-text", tabindex: "0" }, g.stack));
       if (g.training) d.open = true;
       box.appendChild(d);
     }
     if (!req.groups.length) box.appendChild(el("p", { class: "muted" }, "No stacks came back."));
+    // py-spy's dumps, native frames included, where it is installed on the nodes
+    for (const g of req.native || []) {
+      const who = (g.ranks.length === 1 ? "rank " : g.ranks.length + " ranks: ") + g.ranks_text;
+      box.appendChild(el("details", { class: "stack native", dataset: { ranks: g.ranks.join(",") } },
+        el("summary", {}, `native stacks (py-spy) · ${who}`),
+        el("pre", { class: "stack-text", tabindex: "0" }, g.text)));
+    }
+  }
+
+  function base(path) { return path.split("/").pop(); }
+  function where(f) { return `${base(f.file)}:${f.line} in ${f.func}()`; }
+
+  // What a run of wrapper frames is, in a few words: "runpy, runner, ray".
+  function wrapperNames(frames) {
+    const names = frames.map((f) => /\/ray\//.test(f.file) ? "ray" : /\/workers\//.test(f.file)
+      ? "worker" : base(f.file).replace(/^<frozen (.*)>$/, "$1").replace(/\.py$/, "").replace(/^_/, ""));
+    return [...new Set(names)].join(", ");
+  }
+
+  function frameLine(f) {
+    return el("div", { class: "frame " + f.kind },
+      el("span", { class: "frame-where" }, `File "${f.file}", line ${f.line}, in ${f.func}`),
+      f.code ? el("span", { class: "frame-code" }, f.code) : null);
+  }
+
+  // Outermost first, as Python prints a stack; each run of wrapper frames folded.
+  function frameList(frames) {
+    const out = el("div", { class: "frames", tabindex: "0", role: "group", "aria-label": "frames, outermost first" });
+    for (let i = 0; i < frames.length;) {
+      if (frames[i].kind !== "wrapper") { out.appendChild(frameLine(frames[i])); i += 1; continue; }
+      let j = i;
+      while (j < frames.length && frames[j].kind === "wrapper") j += 1;
+      const run = frames.slice(i, j);
+      out.appendChild(el("details", { class: "wrappers" },
+        el("summary", {}, `${run.length} wrapper frame${run.length === 1 ? "" : "s"} (${wrapperNames(run)})`),
+        ...run.map(frameLine)));
+      i = j;
+    }
+    return out;
   }
 
   async function follow(ctx, id) {

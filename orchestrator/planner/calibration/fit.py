@@ -113,3 +113,14 @@ def fit_by_class(rows: Iterable[Row]) -> dict[str, AlphaBeta]:
     for r in rows:
         by.setdefault(r.link_class, []).append(r)
     return {k: fit_alpha_beta(v) for k, v in sorted(by.items())}
+
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'8' -> 8, '64KiB' / '64k' -> 65536, '16MiB' -> 16777216."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in _UNITS:
+        return int(float(t[:-1]) * _UNITS[t[-1]])
+    return int(t)

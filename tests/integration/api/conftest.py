@@ -1,7 +1,7 @@
 """A real `meshyard serve` (uvicorn on 127.0.0.1, its own process) on SQLite or PostgreSQL.
 
 `server` is session-scoped (a server start costs seconds on a loaded 2-core machine) and
-parametrized over both databases; PostgreSQL runs when MESHYARD_TEST_POSTGRES_URL is set (a
+parametrized over both databases; PostgreSQL runs when tests/postgres.py finds a server (a
 fresh database for the session, dropped afterwards). Tests on the shared server create their
 own uniquely named jobs and users, so they do not depend on each other or on order.
 """
@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-PG_ENV = "MESHYARD_TEST_POSTGRES_URL"
 CLI = [sys.executable, "-c", "from api.cli import main; main()"]
 REPO = Path(__file__).resolve().parents[3]
 
@@ -135,11 +134,11 @@ class Server:
 
 @contextmanager
 def fresh_postgres_database() -> Iterator[str]:
-    base = os.environ.get(PG_ENV)
+    from tests.postgres import postgres_base_url, postgres_source, scratch_postgres_database
+
+    base = postgres_base_url()
     if not base:
-        pytest.skip(f"{PG_ENV} is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/"
-                    "test); the PostgreSQL API cases need it")
-    from tests.postgres import scratch_postgres_database
+        pytest.skip(postgres_source())
 
     with scratch_postgres_database(base, prefix="meshyard_api_") as url:
         yield url

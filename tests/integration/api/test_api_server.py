@@ -194,13 +194,15 @@ def test_job_subresources_and_events(server: Server, users: Users) -> None:
                           params={"after": events[-1]["id"]}).json()["items"]
         assert [(e["src"], e["dst"], e["reason"]) for e in after] == \
             [("QUEUED", "CANCELLED", "USER_CANCELLED")]
-        for path in ("attempts", "ranks", "metrics", "logs", "diagnoses"):
+        for path in ("attempts", "ranks", "logs", "diagnoses"):
             assert alice.get(f"/v1/jobs/{job['id']}/{path}").json() == {"items": []}
+        # metrics also name the user's metric keys (none yet)
+        assert alice.get(f"/v1/jobs/{job['id']}/metrics").json() == {"items": [], "keys": []}
         states = {j["state"] for j in alice.get("/v1/jobs", params={"state": "CANCELLED"})
                   .json()["items"]}
         assert states == {"CANCELLED"}
         cluster = alice.get("/v1/cluster").json()
-        assert set(cluster) == {"nodes", "total_gpus", "total_cpus"}
+        assert set(cluster) == {"nodes", "total_gpus", "total_cpus", "isolation"}
         assert "nodes" in alice.get("/v1/cluster/topology").json()
 
 

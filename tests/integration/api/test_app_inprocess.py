@@ -19,8 +19,22 @@ from orchestrator.store.repo import Store
 
 
 class Recorder:
+    """A runtime as the API sees it (api.state.RuntimeHooks), recording start and stop."""
+
+    isolation = None
+
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.pokes = 0
+
+    def poke(self) -> None:
+        self.pokes += 1
+
+    def code_refusal(self) -> str | None:
+        return None
+
+    def pool_status(self) -> None:
+        return None
 
     async def start(self) -> None:
         self.calls.append("start")
@@ -49,6 +63,17 @@ def test_runtime_hook_starts_and_stops_with_the_app(tmp_path: Path) -> None:
         assert runtime.calls == ["start"]
     assert runtime.calls == ["start", "stop"]
     prepared.store.close()
+
+
+def test_submit_and_cancel_wake_the_runtime_and_a_retry_does_not(env) -> None:
+    client, _, auth, runtime = env
+    body = {"spec": {"name": "wake", "parallelism": {"dp_replicate": 2}}, "submission_id": "w1"}
+    job = client.post("/v1/jobs", json=body, headers=auth).json()
+    assert runtime.pokes == 1
+    assert client.post("/v1/jobs", json=body, headers=auth).status_code == 200
+    assert runtime.pokes == 1  # the same submission again: nothing new to schedule
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth).status_code == 200
+    assert runtime.pokes == 2
 
 
 def test_telemetry_endpoints_return_what_the_control_plane_stored(env) -> None:
@@ -168,15 +193,18 @@ def test_readyz_reports_a_schema_behind_head(tmp_path: Path) -> None:
 
 def test_cluster_shape_is_cached_for_its_ttl(env) -> None:
     _, store, _, _ = env
-    shape = ClusterShape(store, ttl_s=0.3)
+    now = [100.0]
+    shape = ClusterShape(store, ttl_s=2, clock=lambda: now[0])
     assert shape.max_gpus_per_node() == 0  # no nodes yet
     store.upsert_node(name="n0", gpus=4)
     store.upsert_node(name="n1", gpus=8)
+    now[0] += 1.9
     assert shape.max_gpus_per_node() == 0  # still the cached answer
-    time.sleep(0.35)
+    now[0] += 0.1
     assert shape.max_gpus_per_node() == 8
     store.upsert_node(name="n2", gpus=16)
-    time.sleep(0.35)
+    assert shape.max_gpus_per_node() == 8
+    now[0] += 2
     assert shape.max_gpus_per_node() == 16
 
 

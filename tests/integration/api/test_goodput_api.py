@@ -65,7 +65,7 @@ def test_goodput_of_a_job_with_a_restart_adds_up(env) -> None:
     _attempt(store, jid, 2)
     _steps(store, jid, 2, range(5, 11))  # steps 5 and 6 redone from the checkpoint at 4
 
-    text = client.get("/metrics").text  # still RUNNING: an active job's ratio is exported
+    text = client.get("/metrics", headers=auth).text  # RUNNING: its ratio is exported
     line = next(ln for ln in text.splitlines()
                 if ln.startswith("meshyard_job_goodput_ratio") and jid in ln)
     assert 0.0 < float(line.split()[-1]) < 1.0

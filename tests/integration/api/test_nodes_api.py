@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.server import prepare
-from orchestrator.health import Evidence, Severity
-from orchestrator.runtime.health import record_evidence
+from orchestrator.nodes.health_policy import Evidence, Severity
+from orchestrator.runtime.node_health import record_evidence
 from orchestrator.settings import Settings
 from orchestrator.store.repo import Store
 

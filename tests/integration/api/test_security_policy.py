@@ -44,6 +44,20 @@ def test_viewers_read_every_job_and_change_none(server: Server, users: Users) ->
         assert vic.post("/v1/tokens", json={"user": "alice"}).status_code == 403
 
 
+def test_only_admins_submit_jobs_that_are_never_preempted(server: Server, users: Users) -> None:
+    fixed = {"name": _name("fixed"), "preemption": {"preemptible": False, "grace_s": 120}}
+    with server.client(users.alice) as alice, server.client(users.admin) as admin:
+        r = alice.post("/v1/jobs", json=fixed)
+        assert r.status_code == 403, r.text
+        assert r.json()["errors"][0]["loc"] == "preemption.preemptible"
+        bad = alice.post("/v1/jobs", json={"name": "g", "preemption": {"grace_s": 86400}})
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["errors"][0]["loc"] == "preemption.grace_s"
+        ok = admin.post("/v1/jobs", json=fixed)
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["spec"]["preemption"] == {"preemptible": False, "grace_s": 120.0}
+
+
 def test_data_paths_outside_the_data_roots_are_refused(server: Server, users: Users) -> None:
     datasets = server.data_dir / "datasets"
     escapes = ["../../../../etc/passwd", "/etc/passwd", str(server.data_dir / "meshyard.db"),
@@ -62,10 +76,29 @@ def test_data_paths_outside_the_data_roots_are_refused(server: Server, users: Us
         assert ok.status_code == 201, ok.text
 
 
-def test_users_may_import_code_by_default(server: Server, users: Users) -> None:
+def test_isolated_mode_takes_a_users_imported_model_only_from_an_allowlist(
+        server: Server, users: Users, tmp_path: Path) -> None:
+    """An imported model runs in the worker actor, which isolated mode does not confine: a
+    plain user's is refused unless an operator named the packages it may come from; user
+    code (an entrypoint) is the confined way to run one's own model."""
     with server.client(users.alice) as http:
         r = http.post("/v1/jobs", json={"name": _name("byo"), "model": IMPORT})
-        assert r.status_code == 201, r.text
+        assert r.status_code == 403, r.text
+        body = r.json()
+        assert body["policy"] == "isolation" and body["errors"][0]["loc"] == "model.kind"
+        assert "MESHYARD_ALLOWED_IMPORT_PREFIXES" in body["detail"]
+        assert "entrypoint.function" in body["detail"]
+    for extra in ({"isolation": "trusted"},
+                  {"allowed_import_prefixes": ["tests.integration.workers"]}):
+        settings = Settings(data_dir=tmp_path / str(len(extra)) / next(iter(extra)), **extra)
+        prepared = prepare(settings)
+        user = prepared.store.create_token("dora")
+        with TestClient(create_app(settings, store=prepared.store),
+                        base_url="http://127.0.0.1") as client:
+            r = client.post("/v1/jobs", json={"name": "byo", "model": IMPORT},
+                            headers={"Authorization": f"Bearer {user}"})
+        prepared.store.close()
+        assert r.status_code == 201, (extra, r.text)
 
 
 @pytest.fixture

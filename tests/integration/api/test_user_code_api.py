@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.packaging import build_package
 from api.server import prepare
-from orchestrator.access import Role
+from orchestrator.admission.access import Role
 from orchestrator.settings import Settings
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "byo" / "ddp"
@@ -65,7 +65,7 @@ def test_upload_is_content_addressed_and_deduplicated(app) -> None:
     assert body == {"package": f"package:sha256:{local.digest}", "sha256": local.digest,
                     "bytes": len(local.data), "created": True}
     assert (settings.packages_dir / f"{local.digest}.zip").read_bytes() == local.data
-    again = _upload(client, h["admin"], local.data)
+    again = _upload(client, h["user"], local.data)
     assert again.status_code == 200 and again.json()["created"] is False
     assert client.get(f"/v1/packages/{local.digest}", headers=h["user"]).status_code == 200
     assert client.get("/v1/packages/" + "0" * 64, headers=h["user"]).status_code == 404
@@ -82,6 +82,74 @@ def test_zips_that_must_not_reach_a_node_are_refused(app, entries, symlink, need
     r = _upload(client, h["user"], _zip(entries, symlink=symlink))
     assert r.status_code == 422 and needle in r.text, r.text
     assert [p.name for p in settings.packages_dir.glob("*.zip")] == []  # nothing kept
+
+
+def _flip_byte(data: bytes, name: str) -> bytes:
+    """The member's stored data with one byte changed: its directory record stays valid."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        at = zf.getinfo(name).header_offset + 30 + len(name) + 100
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+def _deflate64(data: bytes) -> bytes:
+    """Every entry marked Deflate64 (method 9), in its local header and directory record."""
+    out = bytearray(data)
+    for sig, field in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        at = out.find(sig)
+        while at >= 0:
+            out[at + field:at + field + 2] = (9).to_bytes(2, "little")
+            at = out.find(sig, at + 4)
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("damage", "needle"), [
+    (lambda raw: _flip_byte(raw, "train.py"), "Bad CRC-32"),
+    (_deflate64, "Deflate64"),
+])
+def test_a_damaged_or_foreign_zip_is_a_422_naming_the_entry(app, damage, needle) -> None:
+    client, h, settings = app
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("train.py", os.urandom(1000))
+    r = _upload(client, h["user"], damage(buf.getvalue()))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["errors"]
+    assert error["loc"] == "<body>/train.py" and needle in error["msg"], error
+    assert list(settings.packages_dir.iterdir()) == []  # no package, no temp file
+
+
+def test_packages_belong_to_their_uploaders(app) -> None:
+    client, h, settings = app
+    local = build_package(EXAMPLE, max_bytes=settings.max_package_bytes)
+    ref = f"package:sha256:{local.digest}"
+    spec = {"name": "byo", "parallelism": {"dp_replicate": 2},
+            "entrypoint": {"command": ["python", "train.py"], "working_dir": ref}}
+    other = build_package(EXAMPLE.parent / "raytrain", max_bytes=settings.max_package_bytes)
+    assert _upload(client, h["user"], local.data).status_code == 201
+    dave = {"Authorization": f"Bearer {client.app.state.meshyard.store.create_token('dave')}"}
+    # Dave cannot tell carol's package from one never uploaded: not by GET ...
+    mine, missing = (client.get(f"/v1/packages/{d}", headers=dave)
+                     for d in (local.digest, other.digest))
+    assert mine.status_code == missing.status_code == 404
+    assert mine.json()["detail"].replace(local.digest, "D") == \
+        missing.json()["detail"].replace(other.digest, "D")
+    # ... nor by naming it in a spec ...
+    as_dave = client.post("/v1/jobs", headers=dave, json=spec)
+    never = client.post("/v1/jobs", headers=dave, json={
+        **spec, "entrypoint": {**spec["entrypoint"], "working_dir": f"package:sha256:{other.digest}"}})
+    assert as_dave.status_code == never.status_code == 422
+    assert as_dave.json()["errors"][0]["msg"].replace(local.digest, "D") == \
+        never.json()["errors"][0]["msg"].replace(other.digest, "D")
+    # ... nor by uploading the same bytes: a first upload of his, as if new.
+    fresh = _upload(client, dave, other.data)
+    same = _upload(client, dave, local.data)
+    assert (same.status_code, same.json()["created"]) == (fresh.status_code, True) == (201, True)
+    assert same.headers["location"] == f"/v1/packages/{local.digest}"
+    assert client.get(f"/v1/packages/{local.digest}", headers=dave).status_code == 200
+    assert client.post("/v1/jobs", headers=dave, json=spec).status_code == 201
+    # Admins may read and run any stored package.
+    assert client.get(f"/v1/packages/{local.digest}", headers=h["admin"]).status_code == 200
+    assert client.post("/v1/jobs", headers=h["admin"], json=spec).status_code == 201
 
 
 def test_not_a_zip_oversize_and_wrong_roles_are_refused(app) -> None:
@@ -130,6 +198,8 @@ def test_entrypoint_specs_are_checked_before_anything_runs(app) -> None:
          "entrypoint.working_dir", "not uploaded"),
         ({"entrypoint": {"command": ["python", "t.py"]}, "parallelism": "auto"},
          "parallelism.auto", "built-in loop"),
+        ({"entrypoint": {"command": ["torchrun", "--nproc_per_node=2", "t.py"]}},
+         "entrypoint.command", "meshyard is the launcher"),
     ]
     for extra, loc, needle in cases:
         r = client.post("/v1/jobs", headers=h["user"], json={"name": "bad", **extra})

@@ -4,7 +4,7 @@ Two checks:
 - exact: for the tiny example models and a GPT-2-size config, the parameter count of the
   built model and the bytes of parameters, gradients and AdamW states after one real step
   equal the estimate's params / grads / optimizer entries (fp32: 4 + 4 + 8 bytes);
-- measured: a real `workers.launch --reference` run of a GPT-2-size model (12 x 768, vocab
+- measured: a real `workers.loop.launch --reference` run of a GPT-2-size model (12 x 768, vocab
   50257, seq 128, batch 2, 2 steps) in a subprocess; its peak RSS above the RSS it had with
   torch and the workers imported (before building the model) is within 15% of the estimate.
   RSS is what the OS gave the process, so the allocator's caching shows up too: it is the
@@ -23,8 +23,8 @@ import torch
 
 from orchestrator.planner.memory import MemoryConfig, ModelShape, memory_per_gpu
 from orchestrator.spec import parse_spec
-from workers.launch import load_spec
-from workers.model import build_model, loss_fn
+from workers.loop.launch import load_spec
+from workers.loop.model import build_model, loss_fn
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = sorted((ROOT / "examples" / "tiny").glob("*.yaml"))
@@ -36,13 +36,13 @@ GPT2 = {"name": "gpt2-mem", "resources": {"device": "cpu"}, "checkpoint": {"enab
 MEASURE = r"""
 import json, resource, sys
 import torch, torch.distributed  # noqa: F401
-import workers.launch, workers.loop, workers.runner, workers.model  # noqa: F401
+import workers.loop.launch, workers.loop.train, workers.loop.runner, workers.loop.model  # noqa: F401
 def rss_kb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
 base = rss_kb()
-rc = workers.launch.main(["--spec", sys.argv[1], "--out", sys.argv[2], "--reference"])
+rc = workers.loop.launch.main(["--spec", sys.argv[1], "--out", sys.argv[2], "--reference"])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"rc": rc, "base_kb": base, "peak_kb": peak}))
 """

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.lifecycle import JobState
 from tests.integration.runtime.conftest import submit, wait_state
 from tests.integration.runtime.usercode_helpers import EXAMPLES, ship, user_spec
-from workers.env import free_port
+from workers.host.env import free_port
 
 LOSS = re.compile(r"^step (\d+) loss ([0-9.]+)")
 

@@ -66,6 +66,10 @@ def test_stacks_now_lr_checkpoints_and_usage(ray_connected, store: Store, tmp_pa
         merged = [g for g in groups if g["ranks"] == [0, 1]]
         assert merged, "identical stacks of both ranks are merged"  # e.g. the heartbeat thread
         assert any("meshyard-heartbeat" in t for g in merged for t in g["threads"])
+        # py-spy is installed with the test dependencies: every rank's native stacks too
+        native = done.result["native"]
+        assert sorted(r for g in native for r in g["ranks"]) == [0, 1], native
+        assert all(g["text"].startswith("Process ") and "Thread " in g["text"] for g in native)
 
         job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=240)
         assert job.state == JobState.SUCCEEDED, job.message

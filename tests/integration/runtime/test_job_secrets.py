@@ -1,4 +1,5 @@
-"""A job's code never sees the control plane's secrets (real `meshyard serve`, embedded Ray).
+"""A job's code never sees the control plane's secrets (real `meshyard serve`, embedded Ray,
+trusted mode: the built-in loop's imported model runs in the worker actor).
 
 The server is started the way an operator would hand it secrets: a seeded
 MESHYARD_ADMIN_TOKEN, the database URL both in MESHYARD_DATABASE_URL and as --database-url.
@@ -40,8 +41,12 @@ def test_a_hostile_job_finds_no_secret(tmp_path: Path) -> None:
     # Ray's temp dir does not exist yet (a fresh machine's /tmp/ray): Ray creates it beside
     # the path to the data dir after the confinement, which must still let Ray write there.
     ray_tmp = Path("/tmp") / f"meshyard-test-{secrets.token_hex(4)}"
+    # Trusted mode: the job's model runs inside the worker actor, which isolated mode would
+    # refuse to a plain user (tests/security/hostile/ covers isolated mode's confinement);
+    # here the embedded Ray itself is confined out of the data dir.
     env.update(MESHYARD_ADMIN_TOKEN=token, MESHYARD_DATABASE_URL=db_url,
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_TMPDIR=str(ray_tmp))
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_TMPDIR=str(ray_tmp),
+               MESHYARD_ISOLATION="trusted")
     data.mkdir()
     # As left by an earlier first start (`admin.token`), next to the seeded token in the env.
     file_token = "msy_first-start-" + secrets.token_urlsafe(24)

@@ -43,7 +43,7 @@ def _file_steps(run: Path, attempt: int, rank: int) -> list[int]:
     from orchestrator.runtime.metrics_files import read_rank_rows
 
     path = run / "logs" / f"attempt-{attempt}" / f"rank-{rank}.metrics.jsonl"
-    return sorted(int(r["step"]) for r in read_rank_rows(path, rank=rank))
+    return sorted(int(r["step"]) for r in read_rank_rows(path, rank=rank, run_dir=run))
 
 
 def test_metrics_reported_after_the_last_poll_survive_sigkill(tmp_path: Path) -> None:
@@ -65,7 +65,14 @@ def test_metrics_reported_after_the_last_poll_survive_sigkill(tmp_path: Path) ->
             job_id = client.submit(spec).id
             _wait(client, job_id, lambda j: j.state.value == "RUNNING" and (j.last_step or 0) >= 8)
         os.kill(proc.pid, signal.SIGSTOP)  # no more polls; the ranks train on
-        time.sleep(3.0)
+        # Every row a poll fetched was in the file by now; wait until the ranks have written
+        # rows past those (a step's row is written when the step is done).
+        run = data / "runs" / job_id
+        at_stop = max(_file_steps(run, 1, 0), default=0)
+        deadline = time.monotonic() + 120
+        while max(_file_steps(run, 1, 0), default=0) < at_stop + 3:
+            assert time.monotonic() < deadline, "the ranks stopped training with the server"
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)  # serve and the local Ray it started
         proc.wait(10)
         store = open_store(f"sqlite:///{data / 'meshyard.db'}")
@@ -73,7 +80,6 @@ def test_metrics_reported_after_the_last_poll_survive_sigkill(tmp_path: Path) ->
             polled = max(m.step for m in store.list_metrics(job_id, rank=0))
         finally:
             store.close()
-        run = data / "runs" / job_id
         assert max(_file_steps(run, 1, 0)) > polled, "steps no poll fetched must be left"
 
         proc = _serve_embedded(data)

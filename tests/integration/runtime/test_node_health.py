@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.health import NodeState
 from orchestrator.lifecycle import JobState
+from orchestrator.nodes.health_policy import NodeState
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

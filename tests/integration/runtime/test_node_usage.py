@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime.node_sampling import NodeSamplers
 from orchestrator.runtime.nodes import TopologySource, register_nodes
-from orchestrator.runtime.usage import NodeSamplers
 from orchestrator.store.repo import Store
 from tests.integration.runtime.conftest import write_cluster_file
-from workers.rankproc import alive
+from workers.host.rankproc import alive
 
 
 def _gone(pids: set[int], *, timeout_s: float = 30.0) -> bool:

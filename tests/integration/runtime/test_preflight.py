@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.health import NodeState
 from orchestrator.lifecycle import JobState
+from orchestrator.nodes.health_policy import NodeState
 from tests.integration.runtime.conftest import submit, tiny_spec, wait_state
 from tests.integration.runtime.usercode_helpers import USER_CODE, ship, user_spec
 

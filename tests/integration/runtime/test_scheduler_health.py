@@ -10,11 +10,17 @@ from typing import Any
 
 import pytest
 
-from orchestrator.health import Evidence, HealthPolicy, Severity, admin_cordon, admin_uncordon
 from orchestrator.lifecycle import JobState, Reason
+from orchestrator.nodes.health_policy import (
+    Evidence,
+    HealthPolicy,
+    Severity,
+    admin_cordon,
+    admin_uncordon,
+)
 from orchestrator.placement.gang_plan import GangPlan
 from orchestrator.placement.snapshot import ClusterSnapshot, RayNode, build_snapshot
-from orchestrator.runtime.health import record_evidence
+from orchestrator.runtime.node_health import record_evidence
 from orchestrator.runtime.scheduler import Scheduler
 from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.store.records import JobRecord
@@ -33,9 +39,10 @@ class Recording(Scheduler):
     def __init__(self, store: Store, tmp: Path) -> None:
         self.plans: dict[str, GangPlan] = {}
         super().__init__(store=store, runs_dir=tmp, topology=lambda nodes: None)
+        self.launcher.launch = self._record_launch  # type: ignore[method-assign]
 
-    def _launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
-                snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
+    def _record_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
+                       snap: ClusterSnapshot, *, package_uri: str | None = None) -> None:
         self.store.transition(job.id, JobState.PLACING, reason=Reason.PLACEMENT_FOUND)
         self.plans[job.name] = plan
 
@@ -77,7 +84,8 @@ def test_cordoned_never_used_suspect_only_when_needed(store: Store, tmp_path: Pa
     sched.schedule(store.queued_jobs(), snap, held=[])
     job = next(j for j in store.queued_jobs() if j.name == "three")
     assert "three" not in sched.plans and job.pending_reason is not None
-    assert "avoided" in job.pending_reason["message"]
+    assert job.pending_reason["kind"] == "cordoned"
+    assert [c["node"] for c in job.pending_reason["cordoned_nodes"]] == ["a"]
 
     store.update_node_health("a", lambda h: admin_uncordon(h, node="a", reason="", now=now))
     sched.schedule(store.queued_jobs(), snap, held=[])  # the memo sees the ledger changed
@@ -102,3 +110,29 @@ def test_a_cordoned_gpu_is_busy(store: Store, tmp_path: Path) -> None:
                                  "parallelism": {"dp_replicate": 2}}), owner="ann")
     sched.schedule(store.queued_jobs(), snap, held=[])
     assert "gpu2" not in sched.plans
+
+
+@pytest.mark.timeout(60)
+def test_a_job_whose_only_nodes_are_cordoned_waits_past_its_placement_timeout(
+        store: Store, tmp_path: Path) -> None:
+    # A maintenance window is not "never fits": the job waits for the cordon, told which
+    # node, why and until when, and its placement.timeout_s does not fail it.
+    _register(store, "a")
+    now = time.time()
+    store.update_node_health("a", lambda h: admin_cordon(h, node="a", reason="maintenance",
+                                                         now=now, permanent=False,
+                                                         policy=POLICY))
+    sched = Recording(store, tmp_path)
+    snap = build_snapshot(ray_nodes=[_node("a")], topology=None)
+    _submit(store, "one", placement={"timeout_s": 0.01})
+    for _ in range(3):
+        sched.schedule(store.queued_jobs(), snap, held=[])
+        time.sleep(0.02)
+    assert [j.name for j in store.queued_jobs()] == ["one"]
+    reason = store.queued_jobs()[0].pending_reason
+    assert reason is not None and reason["kind"] == "cordoned"
+    assert reason["cordoned_nodes"] == [{"node": "a", "reason": "cordoned by admin: maintenance",
+                                         "until": pytest.approx(now + POLICY.cordon_s),
+                                         "permanent": False}]
+    assert reason["message"].startswith("waiting for cordoned node a (cordoned by admin: "
+                                        "maintenance) until ")

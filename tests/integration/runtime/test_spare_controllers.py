@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import ray
 
 from orchestrator.lifecycle import JobState
@@ -19,7 +20,22 @@ from orchestrator.runtime.events import (
     spare_controller_name,
 )
 from orchestrator.runtime.poller import sweep_orphans
-from tests.integration.runtime.conftest import submit, tiny_spec, wait_for, wait_state
+from orchestrator.settings import Settings
+from tests.integration.runtime.conftest import (
+    submit,
+    tiny_spec,
+    wait_for,
+    wait_state,
+    write_cluster_file,
+)
+
+
+@pytest.fixture()
+def settings(tmp_path, ray_cluster) -> Settings:
+    """The package's settings with the default spare controller kept."""
+    return Settings(data_dir=tmp_path, ray_address=ray_cluster.address,
+                    cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
+                    allow_fault_injection=True, spare_controllers=1)
 
 
 def _spares_in_ray() -> set[str]:

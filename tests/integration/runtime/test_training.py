@@ -74,7 +74,7 @@ def test_crash_restarts_from_checkpoint_and_loss_continues(runtime, store):
         by_attempt.setdefault(m.attempt, {})[m.step] = m.loss
     first, second = by_attempt[1], by_attempt[2]
     # Crashed at the start of step 4: attempt 1 has every step done before it. Rows reach a
-    # poll at the loop's sync steps (workers/stepsync.py; step 1 always syncs); the steps
+    # poll at the loop's sync steps (workers/loop/stepsync.py; step 1 always syncs); the steps
     # since the last sync come from the rank's run-dir file, without their loss (the global
     # mean is computed at the sync the crash prevented).
     assert sorted(first) == [1, 2, 3]

@@ -2,7 +2,7 @@
 whose working dir has its own `api` / `workers` / `orchestrator` packages, ranks placed on fake
 GPUs with torchrun's variables; a function that crashes on attempt 1 and resumes from its
 reported checkpoint on attempt 2; cancel that leaves no process behind; a function that does
-not import (failed at once, not restarted)."""
+not import and a program that does not exist (failed at once, naming it, not restarted)."""
 
 from __future__ import annotations
 
@@ -70,18 +70,31 @@ def test_function_crash_resumes_from_reported_checkpoint(runtime, store, setting
     job_id = submit(store, user_spec(
         "resume", {"function": "train:loop", "config": {"steps": 6, "crash_at": 4},
                    "working_dir": ref},
-        fault_tolerance={"max_failures": 1, "init_timeout_s": 60, "collective_timeout_s": 30}))
+        # The exit is the script's own (status 3, no exception): restarted because retry_on
+        # names it; without it the job would fail at once as USER_ERROR.
+        fault_tolerance={"max_failures": 1, "init_timeout_s": 60, "collective_timeout_s": 30,
+                         "retry_on": {"exit_codes": [3]}}))
     job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=240)
     assert job.state == JobState.SUCCEEDED, job.message
     attempts = store.list_attempts(job_id)
     assert [a.state for a in attempts] == ["FAILED", "SUCCEEDED"]
-    assert attempts[0].message.startswith("rank 1 on ") and "(exit code 3)" in attempts[0].message
+    assert attempts[0].message.startswith("the rank process exited with code 3 (rank 1 on "), \
+        attempts[0].message
     points = [(m.attempt, m.step, m.loss) for m in store.list_metrics(job_id, rank=0)]
     # No gap, no duplicate: attempt 2 resumes after the last step every rank reported.
     assert [(a, s) for a, s, _ in points] == [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5), (2, 6)]
     assert [loss for _, _, loss in points] == [s * (s + 1) for s in range(1, 7)]
     logs = [x.line for x in store.list_logs(job_id, rank=0, limit=5000)]
     assert "rank 0 resumed from step 3" in logs
+    # Every complete reported checkpoint is in the job's list (what the API and the dashboard
+    # show): steps 1-3 of attempt 1, 4-6 of attempt 2, each with its files' size.
+    listed = store.list_checkpoints(job_id)
+    assert [(c.attempt, c.step) for c in listed] == [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5), (2, 6)]
+    run = settings.resolved_runs_dir / job_id / "checkpoints"
+    for c in listed:
+        assert Path(c.path) == run / f"step_{c.step:08d}" and not c.removed
+        assert c.size_bytes == (Path(c.path) / "state.pt").stat().st_size + \
+            (Path(c.path) / "COMPLETE").stat().st_size
 
 
 def test_cancel_leaves_no_process_of_the_script(runtime, store, settings):
@@ -113,6 +126,18 @@ def test_function_that_does_not_import_fails_at_once_with_the_error(runtime, sto
     err = [e for e in store.list_events(job_id) if e.kind == "error"][-1]
     assert err.data["groups"][0]["ranks"] == [0, 1]
     wait_for(store, job_id, lambda j: j.state.terminal)
+
+
+def test_a_program_that_does_not_exist_is_named_in_the_failure(runtime, store, settings):
+    ref = ship(settings, USER_CODE / "resume")
+    job_id = submit(store, user_spec(
+        "noprog", {"command": ["no-such-launcher", "train.py"], "working_dir": ref},
+        fault_tolerance={"max_failures": 3, "init_timeout_s": 60, "collective_timeout_s": 30}))
+    job = wait_state(store, job_id, JobState.FAILED, JobState.SUCCEEDED, timeout_s=120)
+    assert job.state == JobState.FAILED and job.failure_reason == "SETUP_ERROR", job.message
+    assert len(store.list_attempts(job_id)) == 1
+    assert "FileNotFoundError" in job.message, job.message
+    assert "program 'no-such-launcher' not found on the rank's PATH" in job.message, job.message
 
 
 def test_missing_working_dir_path_fails_before_any_code_runs(runtime, store, settings):

@@ -209,7 +209,7 @@ def test_a_script_job_from_the_pool_runs_as_it_does_cold_and_isolated(
         assert {p.pid for p in store.list_ranks(warm_id)} == {w[0]["pid"], w[1]["pid"]}
 
 
-_RANK_PROTOCOL = ("MESHYARD_ATTEMPT", "MESHYARD_MESH_DIM_NAMES", "MESHYARD_MESH_SHAPE",
+_RANK_PROTOCOL = ("MESHYARD_ATTEMPT", "MESHYARD_MESH_DIM_NAMES", "MESHYARD_MESH_SHAPE", "MESHYARD_STOP_FILE",
                   "MESHYARD_ZERO_STAGE", "MESHYARD_INIT_TIMEOUT_S", "MESHYARD_PARENT_PID")
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from api.packaging import build_package
-from orchestrator.entrypoint import package_ref
-from orchestrator.packages import PackageWriter
 from orchestrator.settings import Settings
+from orchestrator.usercode.entrypoint import package_ref
+from orchestrator.usercode.packages import PackageWriter
 
 USER_CODE = Path(__file__).resolve().parents[2] / "fixtures" / "user_code"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "byo"
@@ -25,6 +25,19 @@ def ship(settings: Settings, directory: Path) -> str:
                            max_unpacked_bytes=8 * settings.max_package_bytes)
     writer.write(local.data)
     return package_ref(writer.finish().digest)
+
+
+def ship_own(settings: Settings, directory: Path, *, scratch: Path, tag: str) -> str:
+    """`ship` of a copy of `directory` tagged `tag`, so it is a package of its own. Jobs that
+    run at once on the simulated cluster need this: its nodes share one disk, and two nodes'
+    runtime-env agents unpacking the same package at once replace each other's directory
+    under the actors already working in it (a real node has its own disk and one agent)."""
+    import shutil
+
+    copy = scratch / f"{directory.name}-{tag}"
+    shutil.copytree(directory, copy)
+    (copy / ".meshyard-test-tag").write_text(tag)
+    return ship(settings, copy)
 
 
 def user_spec(name: str, entrypoint: dict[str, Any], **over: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Each rank is a spawned process: gloo process group on 127.0.0.1, Flight Recorder on, three
 healthy all_reduces, then the scenario. A timer thread in every process calls
-`workers.evidence.collect_evidence()` while the main thread is blocked (the stand-in for
+`workers.host.evidence.collect_evidence()` while the main thread is blocked (the stand-in for
 the controller's diagnostics call after its stall threshold), then ends the process. The
 parent reads the summaries, treats ranks that never answered as dead (with their exit code and
 last announcement), and runs the pure analyzer.
@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from orchestrator.watchdog.analyze import analyze
 from orchestrator.watchdog.inputs import AnalysisInput, analysis_input
 from orchestrator.watchdog.report import DiagnosisReport
-from workers.env import free_port
+from workers.host.env import free_port
 
 STAMP = "round1"
 COLLECTIVE_TIMEOUT_S = 20  # longer than collection, so evidence is taken while blocked
@@ -40,7 +40,7 @@ def blocked_in_user_code(seconds: float) -> None:
 def _start_collector(run_dir: str, rank: int, after_s: float) -> None:
     import threading
 
-    from workers.evidence import collect_evidence
+    from workers.host.evidence import collect_evidence
 
     def run() -> None:
         time.sleep(after_s)
@@ -60,7 +60,7 @@ def rank_main(rank: int, world: int, port: int, scenario: str, culprit: int, run
     import torch
     import torch.distributed as dist
 
-    from workers.evidence import announce_collective, collect_evidence
+    from workers.host.evidence import announce_collective, collect_evidence
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))

@@ -25,7 +25,7 @@ def test_announcement_counts_this_jobs_ops(tmp_path: Path, monkeypatch: pytest.M
     import torch.distributed as dist
 
     from orchestrator.watchdog.evidence_files import read_announcement
-    from workers.evidence import announce_step_collective
+    from workers.host.evidence import announce_step_collective
 
     assert not dist.is_initialized()  # no group left behind by another test
     seen = []

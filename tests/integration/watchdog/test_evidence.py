@@ -14,7 +14,7 @@ import pytest
 from orchestrator.runtime.node_evidence import collect_node_evidence
 from orchestrator.watchdog import evidence_files
 from orchestrator.watchdog.inputs import RankEvidence
-from workers import evidence
+from workers.host import evidence
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 

@@ -3,10 +3,12 @@ torch.distributed on gloo, nothing of meshyard) through the service: REST upload
 the runtime on a local Ray, the probe inside every rank process, the watchdog's stall rule on
 collective seqs (the script reports no step), the stored report read back over REST.
 
-One local Ray, one runtime and one in-process app serve the module. `watchdog.stall_timeout_s`
-is 3 s and `action: fail`, so a hung job ends as soon as its report is stored; each test
-asserts the report was stored within 30 s of the moment the script reached its fault (it
-prints the time on stdout).
+One runtime and one in-process app serve the module, on the package's Ray (conftest.py).
+`watchdog.stall_timeout_s` is 3 s and `action: fail`, so a hung job ends as soon as its report
+is stored; each test asserts the report was stored within 30 s of the moment the script
+reached its fault (it prints the time on stdout). The tests run one job at a time: run side
+by side, the jobs miss the warm pool and Ray starts more worker processes, which costs more
+CPU than the overlapped waits save.
 """
 
 from __future__ import annotations
@@ -32,19 +34,29 @@ SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
 REPORT_WITHIN_S = 30.0
 
 
+def _line_of(text: str) -> int:
+    """The line of hangs.py holding `text` (the reports name the user's file:line)."""
+    lines = (SCRIPTS / "hangs.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+SAVE_LINE = _line_of("time.sleep(600)")
+DATA_LINE = _line_of("time.sleep(0.05)")
+
+
 class Service:
     def __init__(self, client: TestClient, auth: dict[str, str], package: str,
                  runs: Path) -> None:
         self.client, self.auth, self.package, self.runs = client, auth, package, runs
 
     def submit(self, scenario: str, culprit: int, *, world: int = 3, steps: int | None = None,
-               **watchdog: Any) -> str:
+               max_failures: int = 0, **watchdog: Any) -> str:
         cmd = ["python", "hangs.py", scenario, str(culprit)]
         if steps is not None:
             cmd += ["--steps", str(steps)]
         spec = {"name": f"user-{scenario}-{culprit}", "parallelism": {"dp_replicate": world},
                 "resources": {"cpus_per_worker": 0.25, "device": "cpu"},
-                "fault_tolerance": {"max_failures": 0, "init_timeout_s": 60,
+                "fault_tolerance": {"max_failures": max_failures, "init_timeout_s": 60,
                                     "collective_timeout_s": 60},
                 "entrypoint": {"command": cmd, "working_dir": self.package},
                 "watchdog": {"stall_timeout_s": 3, "first_step_timeout_s": 60, "action": "fail",
@@ -78,17 +90,13 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    import ray
-
+def service(ray_connected: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     from api.app import create_app
     from api.server import prepare
     from orchestrator.runtime.service import Runtime
     from orchestrator.settings import Settings
 
     tmp = tmp_path_factory.mktemp("user-hangs")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             namespace="meshyard", _node_ip_address="127.0.0.1")
     settings = Settings(data_dir=tmp / "data")
     prepared = prepare(settings)
     rt = Runtime(settings, prepared.store, tick_s=0.2, warm_pool=3)
@@ -103,7 +111,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             yield Service(client, auth, str(up.json()["package"]), settings.resolved_runs_dir)
     finally:
         prepared.store.close()
-        ray.shutdown()
 
 
 def _hang_report(svc: Service, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -144,10 +151,10 @@ def test_rank_that_sleeps_before_all_reduce_is_not_joined_with_its_line(service,
     job, rep = _hang_report(service, job_id)
     assert job["state"] == "FAILED" and job["failure_reason"] == "HANG_DETECTED"
     assert (rep["verdict"], rep["culprit_ranks"]) == ("NOT_JOINED", [culprit])
-    assert "hangs.py:29 in save_checkpoint(): `time.sleep(600)" in rep["summary"]
+    assert f"hangs.py:{SAVE_LINE} in save_checkpoint(): `time.sleep(600)" in rep["summary"]
     assert "never entered all_reduce #7 on pg 0" in rep["summary"]
     ev = _evidence(rep, culprit)
-    assert ev["location"]["node"] and ev["top_of_stack"].startswith("hangs.py:29")
+    assert ev["location"]["node"] and ev["top_of_stack"].startswith(f"hangs.py:{SAVE_LINE}")
     waiting = [e for e in rep["evidence"] if e["rank"] != culprit]
     assert all(e["state"] == "waiting" and "dist.all_reduce(t)" in e["top_of_stack"]
                for e in waiting)
@@ -181,7 +188,7 @@ def test_pipeline_stage_that_never_sends_is_p2p_mismatch(service):
     job_id = service.submit("p2p", 1)
     _, rep = _hang_report(service, job_id)
     assert (rep["verdict"], rep["culprit_ranks"]) == ("P2P_MISMATCH", [1])
-    assert "hangs.py:29 in save_checkpoint()" in rep["summary"]
+    assert f"hangs.py:{SAVE_LINE} in save_checkpoint()" in rep["summary"]
     _within_bound(service, job_id, rep)
 
 
@@ -189,7 +196,7 @@ def test_every_rank_in_a_python_loop_is_non_collective_with_each_line(service):
     job_id = service.submit("non_collective", 0, world=2)
     _, rep = _hang_report(service, job_id)
     assert (rep["verdict"], rep["culprit_ranks"]) == ("NON_COLLECTIVE_HANG", [0, 1])
-    assert "hangs.py:34 in wait_for_data()" in rep["summary"]
+    assert f"hangs.py:{DATA_LINE} in wait_for_data()" in rep["summary"]
     assert all("wait_for_data" in e["top_of_stack"] for e in rep["evidence"])
     _within_bound(service, job_id, rep)
 
@@ -201,6 +208,22 @@ def test_slow_rank_is_a_straggler_and_the_job_succeeds(service):
     reports = service.reports(job_id)
     assert [(r["verdict"], r["culprit_ranks"]) for r in reports] == [("STRAGGLER", [1])]
     print(f"\n[user-hang] {reports[0]['verdict']} | {reports[0]['summary']}")
+
+
+def test_a_restarted_attempt_gets_the_first_step_allowance(service):
+    """`action: restart` after a hang: the new attempt starts slowly (8 s before its first
+    collective, past the 3 s stall threshold) and must be held to the first-step threshold,
+    as the first attempt was, not to the old attempt's progress."""
+    job_id = service.submit("hang_once", 1, steps=40, max_failures=1, action="restart",
+                            first_step_timeout_s=60)
+    spec_ok = service.client.get(f"/v1/jobs/{job_id}", headers=service.auth).json()
+    assert spec_ok["spec"]["watchdog"]["action"] == "restart"
+    job = service.wait_terminal(job_id, timeout_s=240)
+    attempts = service.client.get(f"/v1/jobs/{job_id}/attempts", headers=service.auth).json()
+    states = [a["state"] for a in attempts["items"]]
+    assert job["state"] == "SUCCEEDED", (job["failure_reason"], job["message"], states)
+    assert states == ["FAILED", "SUCCEEDED"], states
+    assert [r["attempt"] for r in service.reports(job_id)] == [1]  # none on the restart
 
 
 def test_healthy_script_gets_no_report(service):

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from workers.env import free_port
+from workers.host.env import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SCRIPT = Path(__file__).resolve().parent / "user_scripts" / "hangs.py"
 REPO = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-c", "from api.cli import main; main()"]
+SAVE_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
+                 if "time.sleep(600)" in line)
 
 
 def _watch(out: Path, *args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess,
@@ -38,7 +40,7 @@ def test_watch_names_rank_0_that_never_joined_and_diagnose_reads_the_evidence(tm
     assert res.returncode == 3, res.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert (report["verdict"], report["culprit_ranks"]) == ("NOT_JOINED", [0])
-    assert "hangs.py:29 in save_checkpoint()" in report["summary"]
+    assert f"hangs.py:{SAVE_LINE} in save_checkpoint()" in report["summary"]
     assert report["summary"].splitlines()[0] in res.stderr  # printed, first line to act on
     assert sorted(p.name for p in (out / "fr").iterdir()) == ["rank_0", "rank_1"]
     assert "reached the fault" in (out / "logs" / "launcher.log").read_text()

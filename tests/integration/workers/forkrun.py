@@ -1,4 +1,4 @@
-"""A local launch of ``workers.launch`` whose ranks are forked from one process that imported
+"""A local launch of ``workers.loop.launch`` whose ranks are forked from one process that imported
 torch and the training loop once, for the parity tests, where what is compared is the
 training and not the launcher. Under torchrun every rank imports torch, torch._dynamo (DDP
 and FSDP need it) and the loop on its own, about 2.5 s of CPU before its first step; these
@@ -12,7 +12,7 @@ through the interpreter's normal shutdown. When a rank fails the others are kill
 torchrun does, and this process exits with the first failure's status; a rank dies with
 this process.
 
-    python -m tests.integration.workers.forkrun --nproc N [workers.launch arguments...]
+    python -m tests.integration.workers.forkrun --nproc N [workers.loop.launch arguments...]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # What a rank of the tiny specs imports before its first step (~2 s of CPU), once.
@@ -34,13 +34,13 @@ import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
-import workers.checkpoint  # noqa: F401
-import workers.env
-import workers.launch
-import workers.loop  # noqa: F401
-import workers.moe  # noqa: F401
-import workers.parallelize  # noqa: F401
-import workers.pipeline  # noqa: F401
+import workers.host.env
+import workers.loop.checkpoint  # noqa: F401
+import workers.loop.launch
+import workers.loop.moe  # noqa: F401
+import workers.loop.parallelize  # noqa: F401
+import workers.loop.pipeline  # noqa: F401
+import workers.loop.train  # noqa: F401
 
 _PR_SET_PDEATHSIG = 1
 
@@ -48,7 +48,7 @@ _PR_SET_PDEATHSIG = 1
 def run_forked(*, nproc: int, specs: list[Path], out: Path, extra: list[str],
                env: Mapping[str, str], cwd: Path,
                timeout: float) -> subprocess.CompletedProcess[str]:
-    """Runs `workers.launch --out OUT --spec S... EXTRA` on `nproc` forked ranks, as the test
+    """Runs `workers.loop.launch --out OUT --spec S... EXTRA` on `nproc` forked ranks, as the test
     helpers' `torchrun` does under torchrun."""
     cmd = [sys.executable, "-m", "tests.integration.workers.forkrun", "--nproc", str(nproc),
            "--out", str(out), *(a for s in specs for a in ("--spec", str(s))), *extra]
@@ -56,30 +56,33 @@ def run_forked(*, nproc: int, specs: list[Path], out: Path, extra: list[str],
                           timeout=timeout, check=False)
 
 
-def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
-    """In the forked child: become rank `rank`, run the launch, exit with its status."""
+def _rank(rank: int, world: int, port: int, argv: list[str],
+          entry: Callable[[list[str]], int]) -> None:
+    """In the forked child: become rank `rank`, run `entry(argv)`, exit with its status."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the launcher died before prctl took effect
         os._exit(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    sys.exit(workers.launch.main(argv))
+    sys.exit(entry(argv))
 
 
-def main(args: list[str]) -> int:
+def main(args: list[str], *, entry: Callable[[list[str]], int] = workers.loop.launch.main) -> int:
+    """`--nproc N ARGV...`: runs `entry(ARGV)` (default `workers.loop.launch.main`) on N forked
+    ranks."""
     if len(args) < 2 or args[0] != "--nproc":
         print(__doc__, file=sys.stderr)
         return 2
     world, argv = int(args[1]), args[2:]
-    port = workers.env.free_port()
+    port = workers.host.env.free_port()
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}
     for rank in range(world):
         pid = os.fork()
         if pid == 0:
-            _rank(rank, world, port, argv)
+            _rank(rank, world, port, argv, entry)
         children[pid] = rank
     status = 0
     while children:

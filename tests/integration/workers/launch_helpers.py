@@ -1,4 +1,4 @@
-"""Helpers for the non-PP worker tests: torchrun launches of ``workers.launch``, the in-process
+"""Helpers for the non-PP worker tests: torchrun launches of ``workers.loop.launch``, the in-process
 single-process reference, spec variants and parity assertions."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def torchrun_cmd(*, nproc: int, specs: list[Path], out: Path, extra: list[str] =
            f"--nproc_per_node={nproc}", "--monitor-interval=1"]
     if log_dir is not None:
         cmd += ["--log-dir", str(log_dir), "--redirects", "3"]
-    cmd += ["-m", "workers.launch", "--out", str(out)]
+    cmd += ["-m", "workers.loop.launch", "--out", str(out)]
     for s in specs:
         cmd += ["--spec", str(s)]
     return [*cmd, *extra]
@@ -131,8 +131,8 @@ class Collect:
 
 def reference(spec_path: Path, *, steps: int | None = None) -> list[dict[str, Any]]:
     """The single-process baseline, run in the test process (no process group)."""
-    from workers.launch import load_spec
-    from workers.loop import run_training
+    from workers.loop.launch import load_spec
+    from workers.loop.train import run_training
 
     spec = load_spec(spec_path)
     spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(

@@ -1,5 +1,5 @@
-"""`workers.launch` with each rank's memory measured per component, for the planner's check
-(tests/integration/test_planned_memory.py). Run under torchrun instead of `-m workers.launch`:
+"""`workers.loop.launch` with each rank's memory measured per component, for the planner's check
+(tests/integration/test_planned_memory.py). Run under torchrun instead of `-m workers.loop.launch`:
 
     torchrun --nproc_per_node=4 tests/integration/workers/memory_probe.py --spec S --out DIR
 
@@ -156,7 +156,7 @@ def install() -> None:
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
-    import workers.loop as loop
+    import workers.loop.train as loop
 
     for name in ("forward_one_chunk", "backward_one_chunk", "perform_reduce_grad"):
         _around(_PipelineStageBase, name)
@@ -204,9 +204,8 @@ def _write(run_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     install()
-    import workers.loop as loop
-    from workers import launch
-
+    import workers.loop.train as loop
+    from workers.loop import launch
     out = Path(argv[argv.index("--out") + 1])
     specs = [Path(argv[i + 1]) for i, a in enumerate(argv) if a == "--spec"]
     run_training = loop.run_training

@@ -1,4 +1,4 @@
-"""Helpers for the pipeline tests: run ``workers.launch`` under torchrun / as the reference."""
+"""Helpers for the pipeline tests: run ``workers.loop.launch`` under torchrun / as the reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workers.env import free_port
+from workers.host.env import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "tiny"
@@ -32,7 +32,7 @@ def _env() -> dict[str, str]:
 def torchrun(*, nproc: int, specs: list[Path], out: Path, steps: int | None = None,
              extra: list[str] = (), timeout: float = 240) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "workers.launch",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "workers.loop.launch",
            "--out", str(out)]
     for s in specs:
         cmd += ["--spec", str(s)]
@@ -55,7 +55,7 @@ def forkrun(*, nproc: int, specs: list[Path], out: Path, steps: int | None = Non
 
 def reference(*, specs: list[Path], out: Path, steps: int | None = None,
               timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "workers.launch", "--reference", "--out", str(out)]
+    cmd = [sys.executable, "-m", "workers.loop.launch", "--reference", "--out", str(out)]
     for s in specs:
         cmd += ["--spec", str(s)]
     if steps is not None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.workers.launch_helpers import torchrun, variant
-from workers.env import DistEnv
-from workers.launch import load_spec
-from workers.loop import run_training
-from workers.model import ModelBuildError
+from workers.host.env import DistEnv
+from workers.loop.launch import load_spec
+from workers.loop.model import ModelBuildError
+from workers.loop.train import run_training
 
 MISSING = {"kind": "import", "path": "tests.integration.workers.no_such_module:build",
            "vocab_size": 128, "seq_len": 32}

@@ -30,7 +30,7 @@ from tests.integration.workers.launch_helpers import (
     torchrun,
     variant,
 )
-from workers.checkpoint import complete_steps
+from workers.loop.checkpoint import complete_steps
 
 CKPT = {"enabled": True, "every_steps": 3, "keep": 2, "async_save": True}
 

@@ -9,8 +9,12 @@ Margins (12 steps, the tiny GPT, lr 3e-3):
   within 0.3 of the reference (observed 0.2); steps after the first differ from it by > 1e-3,
   so the hook really dropped entries.
 
-Two launches: launch 1 runs the two examples plus ``straight`` (Top-K, 8 steps) and ``cut``
-(the same spec, stopped after 4 with a checkpoint), and a PowerSGD pair alike. Launch 2 resumes
+* topk with ``topk_start_iter: 3``: the first three steps are plain all-reduces (dense bytes,
+  the reference's losses through step 4), Top-K from step 4 on.
+
+Two launches: launch 1 runs the two examples, ``topk-warm`` (Top-K after a 3-step warm
+start), ``straight`` (Top-K, 8 steps) and ``cut`` (the same spec, stopped after 4 with a
+checkpoint), and a PowerSGD pair alike. Launch 2 resumes
 ``cut`` to 8 steps from its checkpoint, and ``cut-cold`` (a copy of the same checkpoint with
 the comm hook's files removed) to show the residuals matter.
 """
@@ -39,8 +43,8 @@ CKPT = {"enabled": True, "every_steps": 2, "keep": 2, "async_save": False}
 
 
 def _tiny_numels() -> list[int]:
-    from workers.launch import load_spec
-    from workers.model import build_model
+    from workers.loop.launch import load_spec
+    from workers.loop.model import build_model
 
     spec = load_spec(TINY / "ddp-topk.yaml")
     return [p.numel() for p in build_model(spec, seed=0).module.parameters()]
@@ -55,7 +59,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         return variant(base, specs / str(steps), name=name, checkpoint=CKPT,
                        training={"steps": steps})
 
-    first = [TINY / "ddp-topk.yaml", TINY / "ddp-int8.yaml",
+    warm = variant("ddp-topk", specs, name="topk-warm", training={
+        "ddp": {"comm_hook": "topk", "topk_ratio": 0.1, "topk_start_iter": 3}})
+    first = [TINY / "ddp-topk.yaml", TINY / "ddp-int8.yaml", warm,
              resumable("ddp-topk", "straight", 8), resumable("ddp-topk", "cut", 4),
              resumable("ddp-powersgd", "psgd-straight", 8),
              resumable("ddp-powersgd", "psgd-cut", 4)]
@@ -105,6 +111,21 @@ def test_topk_converges_within_margin_and_sends_the_expected_bytes(
         assert m["grad_comm_bytes"] == sent
         assert m["grad_compression_ratio"] == pytest.approx(4 * sum(numels) / sent)
     assert 4.9 < got[0]["grad_compression_ratio"] <= 5.0  # ~ 1 / (2 * topk_ratio)
+
+
+@pytest.mark.timeout(600)
+def test_topk_warm_start_sends_dense_gradients_first(runs: dict[str, Path]) -> None:
+    got, want = metrics(runs["topk-warm"]), reference(TINY / "ddp-topk.yaml")
+    numels = _tiny_numels()
+    dense, sent = 4 * sum(numels), 8 * sum(math.ceil(0.1 * n) for n in numels)
+    assert [m["grad_comm_bytes"] for m in got] == [dense] * 3 + [sent] * 9
+    assert [m["grad_compression_ratio"] for m in got[:3]] == [1.0] * 3
+    # Three uncompressed updates: step 4's loss (taken before its own update) is the
+    # reference's; the compressed steps then leave it.
+    for g, w in zip(got[:4], want[:4], strict=True):
+        assert abs(g["loss"] - w["loss"]) <= 2e-5, (g["step"], g["loss"], w["loss"])
+    assert max(abs(g["loss"] - w["loss"]) for g, w in zip(got[5:], want[5:], strict=True)) \
+        > 1e-3
 
 
 @pytest.mark.timeout(600)

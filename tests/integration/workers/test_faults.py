@@ -25,7 +25,7 @@ from tests.integration.workers.launch_helpers import (
     torchrun,
     variant,
 )
-from workers.faults import CRASH_EXIT_CODE
+from workers.host.faults import CRASH_EXIT_CODE
 
 STEP = 3
 TIMEOUT_S = 2
@@ -47,7 +47,7 @@ def _run(tmp: Path, kind: str, **extra: float) -> tuple[str, Path]:
 
 
 def _assert_rows_before_fault(out: Path) -> None:
-    """Rows reach the metrics at the loop's sync steps (workers/stepsync.py): a job that dies
+    """Rows reach the metrics at the loop's sync steps (workers/loop/stepsync.py): a job that dies
     at STEP has every row up to its last sync before STEP, in order, and none after."""
     steps = [m["step"] for m in metrics(out)]
     assert steps == list(range(1, len(steps) + 1)), steps

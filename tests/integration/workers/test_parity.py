@@ -2,7 +2,7 @@
 reference on the same global batch, 12 steps.
 
 Two launches in all: one 2-rank torchrun runs eight specs one after another in the same
-process group (``workers.launch --spec A --spec B ...``), one 4-rank launch runs six, its
+process group (``workers.loop.launch --spec A --spec B ...``), one 4-rank launch runs seven, its
 ranks forked from one process that imported torch once (forkrun.py).
 Tolerance: |loss - reference| <= 2e-5 and grad norm within 1e-4 relative (float32 reduction
 order; observed <= 1e-6). PowerSGD is lossy by design: checked for convergence instead, and for
@@ -51,6 +51,8 @@ def _ws4_variants(tmp: Path) -> dict[str, Path]:
                              parallelism={"dp_replicate": 2, "dp_shard": 2, "zero_stage": 1}),
         "fsdp-tp-sp-ac": variant("fsdp-tp", tmp, name="fsdp-tp-sp-ac", parallelism={
             "sequence_parallel": True, "activation_checkpointing": True}),
+        # ZeRO-0 with TP: FSDP2's replicate over the dp ranks, TP inside each replica.
+        "ddp-tp": variant("ddp", tmp, name="ddp-tp", parallelism={"dp_replicate": 2, "tp": 2}),
     }
 
 
@@ -100,9 +102,9 @@ def test_zero1_uses_zero_redundancy_optimizer(ws2: dict[str, tuple[Path, Path]])
     assert "optimizer=ZeroRedundancyOptimizer" in _rank_log(ws2["zero1"][1])
 
 
-@pytest.mark.slow  # one 4-rank launch of six specs: ~20 s alone on 2 cores
+@pytest.mark.slow  # one 4-rank launch of seven specs: ~20 s alone on 2 cores
 @pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", "ddp4", "fsdp4", "zero1-2x2",
-                                  "fsdp-tp-sp-ac"])
+                                  "fsdp-tp-sp-ac", "ddp-tp"])
 def test_four_rank_parity(ws4: dict[str, tuple[Path, Path]], name: str) -> None:
     spec, run = ws4[name]
     assert_parity(metrics(run), reference(spec))

@@ -38,7 +38,7 @@ def test_p2p_stall_blocks_the_sender_and_times_out_the_receiver(tmp_path: Path) 
     assert "Timed out waiting 3000ms for recv" in text, text[-6000:]
     assert f"p2p_stall: stage never sends at step {STALL_STEP}" in text, text[-6000:]
     # Steps before the fault trained; the stalled step never finished on rank 0. Rows reach
-    # the metrics at the loop's sync steps (workers/stepsync.py; step 1 always syncs).
+    # the metrics at the loop's sync steps (workers/loop/stepsync.py; step 1 always syncs).
     steps = [m["step"] for m in metrics(out)]
     assert steps == list(range(1, len(steps) + 1)) and 1 <= len(steps) < STALL_STEP, steps
     # The stalled rank kept heartbeating from inside the step, in the forward phase (the send

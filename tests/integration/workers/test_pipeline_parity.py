@@ -1,4 +1,4 @@
-"""Parity of every pipeline layout with the single-process reference, through workers.launch.
+"""Parity of every pipeline layout with the single-process reference, through workers.loop.launch.
 
 Each launch runs several specs in one set of processes (``--spec`` repeated) to pay the
 start-up once. The 2-rank layouts launch under torchrun; the others fork their ranks from one
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.workers.launch_helpers import variant
 from tests.integration.workers.pipeline_launch import (
     FIXTURES,
     TINY,
@@ -71,11 +72,15 @@ def test_interleaved_resume_continues_the_same_trajectory(two_rank_runs: Path,
     assert got == want
 
 
-@pytest.mark.slow  # ~35 s: two 4-rank specs on 2 cores
+@pytest.mark.slow  # ~45 s: three 4-rank specs on 2 cores
 def test_pp_with_ddp_and_fsdp_match_reference_on_4_ranks(tmp_path: Path) -> None:
-    _check_all(tmp_path, nproc=4, specs=FOUR_RANK)
+    # ZeRO-0 over dp_shard ranks: the stages' gradients average over them too.
+    ddp_shard = variant("pp-dp", tmp_path / "specs", name="pp-ddp-shard",
+                        parallelism={"dp_replicate": 1, "dp_shard": 2, "zero_stage": 0})
+    _check_all(tmp_path, nproc=4, specs=[*FOUR_RANK, ddp_shard])
 
 
 @pytest.mark.slow
-def test_pp_fsdp_tp_3d_matches_reference_on_8_ranks(tmp_path: Path) -> None:
-    _check_all(tmp_path, nproc=8, specs=[FIXTURES / "pp-fsdp-tp.yaml"])
+def test_pp_fsdp_tp_3d_and_pp_ddp_tp_match_reference_on_8_ranks(tmp_path: Path) -> None:
+    ddp_tp = variant("pp-dp", tmp_path / "specs", name="pp-dp-tp", parallelism={"tp": 2})
+    _check_all(tmp_path, nproc=8, specs=[FIXTURES / "pp-fsdp-tp.yaml", ddp_tp])

@@ -56,7 +56,7 @@ def test_errors_are_reported_with_whether_the_code_loaded(tmp_path: Path) -> Non
 PARENT = textwrap.dedent("""
     import os, subprocess, sys, time
     child = subprocess.Popen([sys.executable, "-m", "meshyard.runner", "code",
-                              "import time; time.sleep(600)"],
+                              "import time; print('ready', flush=True); time.sleep(600)"],
                              env={**os.environ, "MESHYARD_PARENT_PID": str(os.getpid())},
                              start_new_session=True)
     print(child.pid, flush=True)
@@ -68,7 +68,8 @@ def test_a_rank_dies_with_the_worker_that_started_it() -> None:
     parent = subprocess.Popen([PY, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
-        time.sleep(0.5)  # the runner has set its parent-death signal
+        # The runner sets its parent-death signal before it runs the code, which prints this.
+        assert parent.stdout.readline().strip() == "ready"
         assert alive(child)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
@@ -83,7 +84,7 @@ def test_a_rank_dies_with_the_worker_that_started_it() -> None:
 ACTOR = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from workers.rankproc import RankProcess, become_subreaper
+    from workers.host.rankproc import RankProcess, become_subreaper
     out = Path(sys.argv[1])
     assert become_subreaper()
     script = out / "tree.py"
@@ -155,7 +156,7 @@ def test_a_prestarted_rank_runs_the_script_as_a_cold_start_would(tmp_path: Path)
     cold `python -m meshyard.runner` would: argv, cwd, exactly the rank's environment (none of
     the one it was started with), sys.path, stdin, stdout / stderr in the rank's log files,
     torch's threads, the report and the exit code."""
-    from workers.rankproc import PrestartedRank, RankProcess
+    from workers.host.rankproc import PrestartedRank, RankProcess
 
     code = tmp_path / "code"
     code.mkdir()
@@ -210,7 +211,7 @@ def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
     """A rank process's end kills every descendant of the actor (what a script left running),
     but not the prestarted process waiting for the next rank: the pre-flight check's process
     ends before the user's rank is handed to it."""
-    from workers.rankproc import PrestartedRank, RankProcess
+    from workers.host.rankproc import PrestartedRank, RankProcess
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
     pre = PrestartedRank.spawn(python=PY, env=base, cwd=str(tmp_path))
@@ -239,7 +240,7 @@ def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
 def test_a_prestarted_rank_that_died_on_its_own_is_spared_no_more(tmp_path: Path) -> None:
     """Once a waiting prestarted process has ended by itself, its pid is free for any other
     process (a script's child): a rank's end must not spare that one."""
-    from workers.rankproc import PrestartedRank, _spared
+    from workers.host.rankproc import PrestartedRank, _spared
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
     pre = PrestartedRank.spawn(python=PY, env=base, cwd=str(tmp_path))
@@ -255,6 +256,6 @@ def test_a_prestarted_rank_that_died_on_its_own_is_spared_no_more(tmp_path: Path
 
 
 def _children_of(pid: int) -> list[int]:
-    from workers.rankproc import descendants
+    from workers.host.rankproc import descendants
 
     return sorted(descendants(pid))

@@ -2,7 +2,7 @@
 
 Two real gloo processes (torch.multiprocessing) call ``run_training`` in-process, as the Ray
 worker actor does. Only rank 0's event is set (when step 3's metrics arrive); the stop vote
-rides on the loop's loss all-reduce (workers/stepsync.py, every few steps), so both ranks
+rides on the loop's loss all-reduce (workers/loop/stepsync.py, every few steps), so both ranks
 return after the same sync step instead of rank 1 running on into the next step's
 collectives alone. The stop also saves a checkpoint at that step.
 """
@@ -18,17 +18,17 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.integration.workers.launch_helpers import TINY
-from workers.env import free_port
-from workers.stepsync import MAX_INTERVAL
+from workers.host.env import free_port
+from workers.loop.stepsync import MAX_INTERVAL
 
 STEPS = 100
 
 
 def _worker(rank: int, port: int, out: str) -> None:
-    from workers.checkpoint import complete_steps
-    from workers.env import DistEnv
-    from workers.launch import load_spec
-    from workers.loop import run_training
+    from workers.host.env import DistEnv
+    from workers.loop.checkpoint import complete_steps
+    from workers.loop.launch import load_spec
+    from workers.loop.train import run_training
 
     torch.set_num_threads(1)
     spec = load_spec(TINY / "ddp.yaml")

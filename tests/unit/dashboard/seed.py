@@ -83,9 +83,7 @@ def walk(store: Store, job_id: str, *states: JobState) -> JobRecord:
 def place(store: Store, job: JobRecord, nodes: list[str], *, gpus_per_node: int = 8,
           state: str = "running", step: int | None = None) -> int:
     """Starts an attempt and writes ranks packed onto `nodes` in rank order."""
-    p = job.spec["parallelism"]
-    mesh = MeshShape(pp=p["pp"], dp_replicate=p["dp_replicate"], dp_shard=p["dp_shard"],
-                     ep=p.get("ep", 1), cp=p.get("cp", 1), tp=p["tp"])
+    mesh = MeshShape.from_parallelism(job.spec.parallelism)
     attempt = store.start_attempt(job.id, placement={"nodes": nodes}).number
     now = datetime.now(UTC)
     ranks = [{"rank": r, "node": nodes[r // gpus_per_node], "node_id": None,

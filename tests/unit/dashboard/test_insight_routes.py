@@ -8,11 +8,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from orchestrator.access import Role
+from orchestrator.admission.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.mesh import MeshShape
 from orchestrator.settings import Settings
@@ -168,7 +169,7 @@ def test_status_cli_prints_the_condition(client: TestClient, store: Store,
     assert job is not None
     open_condition(store, job, attempt, hang_report(world=8, culprit=5, mesh=MeshShape(
         dp_replicate=8), nodes=nodes[:1]), since=1764572181.0)
-    transport = client._transport  # the CLI's HTTP client talks to this in-process app
+    transport = InProcess(client)  # the CLI's HTTP client talks to this in-process app
     original = api_client.MeshyardClient.__init__
 
     def in_process(self: api_client.MeshyardClient, url: str, token: str | None,
@@ -181,3 +182,18 @@ def test_status_cli_prints_the_condition(client: TestClient, store: Store,
     assert out.exit_code == 0, out.output
     assert "status:   hung since 06:56:21 UTC — rank 5 never entered all_reduce #7" in out.output
     assert "culprit:  5 (NOT_JOINED" in out.output
+
+
+class InProcess(httpx.BaseTransport):
+    """An httpx transport that hands each request to a Starlette TestClient (whichever HTTP
+    library the TestClient itself is built on)."""
+
+    def __init__(self, client: TestClient) -> None:
+        self._client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        got = self._client.request(request.method, str(request.url),
+                                   headers=dict(request.headers), content=request.read())
+        return httpx.Response(got.status_code, headers=list(got.headers.multi_items()),
+                              content=got.content)
+

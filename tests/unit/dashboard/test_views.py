@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.dashboard import views
-from orchestrator.access import Role
+from api.store_views import cluster_levels
+from orchestrator.admission.access import Role
 from orchestrator.lifecycle import JobState
 from orchestrator.store.records import JobRecord, NodeRecord, RankRecord, UserRecord
 from tests.unit.dashboard.seed import spec_doc
@@ -24,7 +25,7 @@ def job(name: str, owner: str, spec: dict[str, Any], world: int = 2) -> JobRecor
     from orchestrator.spec import parse_spec
 
     return JobRecord(id=f"job-{name}", seq=1, name=name, owner=owner, state=JobState.RUNNING,
-                     priority=0, spec=parse_spec(spec).model_dump(mode="json"),
+                     priority=0, spec_doc=parse_spec(spec).model_dump(mode="json"),
                      submission_id=None, world_size=world, total_steps=10, created_at=NOW,
                      updated_at=NOW)
 
@@ -37,9 +38,9 @@ def rank(job_id: str, r: int, node_name: str | None, gpu: int | None) -> RankRec
 
 def test_levels_come_from_labels_finest_first_without_ray_keys() -> None:
     nodes = [node("a", {"leaf": "l0", "spine": "s0", "ray.io/node-id": "x"})]
-    assert views.cluster_levels(nodes) == ("leaf", "spine")
+    assert cluster_levels(nodes) == ("leaf", "spine")
     stored = [node("a", {"leaf": "l0"}, topology={"levels": ["nvlink_domain", "leaf"]})]
-    assert views.cluster_levels(stored) == ("nvlink_domain", "leaf")
+    assert cluster_levels(stored) == ("nvlink_domain", "leaf")
 
 
 def test_level_tree_nests_coarsest_first() -> None:
@@ -83,6 +84,16 @@ def test_comm_signature_estimates_on_cpu_ranks_say_why_not() -> None:
     comm = views.comm_signature(j, ranks=[rank(j.id, 0, "a", None), rank(j.id, 1, "a", None)],
                                 nodes=[node("a", {}, gpus=0)])
     assert comm is not None and "without GPUs" in comm.note
+
+
+def test_comm_signature_of_a_script_estimates_no_model_it_does_not_run() -> None:
+    doc = {"name": "script", "entrypoint": {"command": ["python", "train.py"]},
+           "parallelism": {"dp_replicate": 2}}
+    j = job("script", "alice", doc)
+    comm = views.comm_signature(j, ranks=[rank(j.id, 0, "a", None), rank(j.id, 1, "a", None)],
+                                nodes=[node("a", {}, gpus=0)])
+    assert comm is not None and comm.rows == () and comm.total == "—"
+    assert "runs its own code" in comm.note and "rank table" in comm.note
 
 
 def test_human_units() -> None:

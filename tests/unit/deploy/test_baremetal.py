@@ -90,6 +90,8 @@ def test_worker_publishes_declared_and_cloud_levels(tmp_path: Path) -> None:
     assert argv[argv.index("--address") + 1] == "10.0.0.1:6379"
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.2"
     assert "--block" in argv and "--head" not in argv
+    assert argv[argv.index("--min-worker-port") + 1] == "10002"  # isolated mode needs a range
+    assert argv[argv.index("--max-worker-port") + 1] == "19999"
 
 
 def test_head_without_labels_file(tmp_path: Path) -> None:
@@ -100,6 +102,16 @@ def test_head_without_labels_file(tmp_path: Path) -> None:
     assert argv[argv.index("--labels") + 1] == "meshyard.io/node=head-0"
     assert argv[argv.index("--port") + 1] == "6380"
     assert argv[argv.index("--dashboard-host") + 1] == "127.0.0.1"
+    assert "--num-gpus" not in argv and "--num-cpus" not in argv  # Ray detects them
+
+
+def test_declared_resources(tmp_path: Path) -> None:
+    out = _run("head", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
+               MESHYARD_NODE_NAME="dgx-a1", RAY_NUM_GPUS="8", RAY_NUM_CPUS="96")
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout)
+    assert argv[argv.index("--num-gpus") + 1] == "8"
+    assert argv[argv.index("--num-cpus") + 1] == "96"
 
 
 @pytest.mark.parametrize("role,env,msg", [

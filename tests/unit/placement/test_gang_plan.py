@@ -1,6 +1,7 @@
 """Planning against a cluster snapshot built from Ray-like node records and a declared topology."""
 
-from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job
+from orchestrator.nodes.health_policy import Cordon
+from orchestrator.placement.gang_plan import GangPlan, Pending, plan_job, wait_for_cordons
 from orchestrator.placement.holds import busy_gpus, planned_holds
 from orchestrator.placement.snapshot import RayNode, build_snapshot
 from orchestrator.spec import parse_spec
@@ -67,3 +68,37 @@ def test_cpu_jobs_pack_consecutive_ranks_on_the_roomiest_node():
     assert [b.node for b in plan.bundles] == ["b"] * 6 + ["a"] * 2
     assert plan_job(_spec(dp_replicate=13), inv).kind == "infeasible"  # type: ignore[union-attr]
     assert plan_job(_spec(dp_replicate=11), inv).kind == "waiting"  # type: ignore[union-attr]
+
+
+def test_a_job_that_fits_only_with_cordoned_nodes_waits_for_them():
+    # Both nodes cordoned: without them a CPU job never fits; with them it does, so it waits
+    # (not infeasible), and is told which nodes, why, and until when.
+    inv = build_snapshot(ray_nodes=[_ray("n1", gpus=0, free_gpus=0, cpus=2, free_cpus=2),
+                                    _ray("n2", gpus=0, free_gpus=0, cpus=2, free_cpus=2)],
+                         topology=None)
+    spec = parse_spec({"name": "t", "parallelism": {"dp_replicate": 2},
+                       "resources": {"device": "cpu", "cpus_per_worker": 2}})
+    cordons = [Cordon("n1", "cordoned by admin: maintenance", 1_800_000_000.0),
+               Cordon("n2", "COMM_WEDGED: NET/IB completion error", None)]
+    without = plan_job(spec, inv, avoid={"n1", "n2"})
+    assert isinstance(without, Pending) and without.kind == "infeasible"
+    waits = wait_for_cordons(without, with_cordoned=plan_job(spec, inv), cordons=cordons)
+    assert waits.kind == "cordoned"
+    assert waits.message.startswith(
+        "waiting for cordoned nodes n1 (cordoned by admin: maintenance) until 2027-01-15 "
+        "08:00 UTC; n2 (COMM_WEDGED: NET/IB completion error) permanently, until an admin "
+        "uncordons it: the job fits the cluster only with them")
+    reason = waits.to_dict()
+    assert reason["kind"] == "cordoned" and [c["until"] for c in reason["cordoned_nodes"]] == [
+        1_800_000_000.0, None]
+    # Busy cordoned nodes: the job still only waits for them.
+    busy = build_snapshot(ray_nodes=[_ray("n1", gpus=0, free_gpus=0, cpus=2, free_cpus=0),
+                                     _ray("n2", gpus=0, free_gpus=0, cpus=2, free_cpus=0)],
+                          topology=None)
+    assert wait_for_cordons(without, with_cordoned=plan_job(spec, busy),
+                            cordons=cordons).kind == "cordoned"
+    # A job that never fits even with the cordoned nodes stays infeasible.
+    big = parse_spec({"name": "t", "parallelism": {"dp_replicate": 3},
+                      "resources": {"device": "cpu", "cpus_per_worker": 2}})
+    never = plan_job(big, inv, avoid={"n1", "n2"})
+    assert wait_for_cordons(never, with_cordoned=plan_job(big, inv), cordons=cordons) is never

@@ -107,7 +107,7 @@ def test_every_ranked_plan_resolves_to_a_valid_spec(layers: int, heads: int, hea
         assert resolved.global_batch_size == batch
         par = resolved.parallelism
         assert layers % (par.pp * par.pp_virtual_stages) == 0
-        # what workers/parallelize.py and workers/pipeline.py refuse never comes out
+        # what workers/loop/parallelize.py and workers/loop/pipeline.py refuse never comes out
         if par.dp > 1 and par.effective_zero_stage() < 2:
             assert par.tp == 1
             assert not (par.effective_zero_stage() == 1 and par.pp > 1)

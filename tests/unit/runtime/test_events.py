@@ -86,3 +86,30 @@ def test_events_know_their_kind_and_terminality_and_pickle() -> None:
     again = pickle.loads(pickle.dumps(events))
     assert again[1].payload.report.to_dict() == report.to_dict()
     assert again[2] == events[2]
+
+
+def test_an_attempts_phase_only_moves_forward_and_reaches_the_poll() -> None:
+    from orchestrator.runtime.controller import AttemptController
+    from orchestrator.runtime.events import AttemptPhase
+
+    c = AttemptController()  # a spare: no attempt yet
+    assert c.poll().phase is AttemptPhase.IDLE
+    c._enter(AttemptPhase.RUNNING)
+    c._enter(AttemptPhase.PLACING)  # a late caller cannot move it back
+    assert c.poll().phase is AttemptPhase.RUNNING
+    c._enter(AttemptPhase.ENDED)
+    assert c.poll().phase is AttemptPhase.ENDED
+
+
+def test_a_grown_collective_count_is_progress_dated_by_the_heartbeat() -> None:
+    from orchestrator.runtime.events import RankStatus
+
+    r = RankStatus(rank=0).observed(collectives=0, last_heartbeat=10.0)
+    assert (r.progress_first_at, r.progress_at) == (None, None)  # nothing run yet
+    r = r.observed(collectives=12, last_heartbeat=11.0)
+    assert (r.collectives, r.progress_first_at, r.progress_at) == (12, 11.0, 11.0)
+    r = r.observed(collectives=12, last_heartbeat=15.0)  # stuck: the dates stay
+    assert (r.progress_first_at, r.progress_at) == (11.0, 11.0)
+    r = r.observed(collectives=40, last_heartbeat=16.0)
+    assert (r.progress_first_at, r.progress_at) == (11.0, 16.0)
+    assert "collectives" in RankStatus.STORED and "progress_at" in RankStatus.STORED

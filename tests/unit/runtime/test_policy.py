@@ -73,7 +73,21 @@ def test_attempt_failure_round_trips_through_the_stored_event_data() -> None:
     f = _f(2, ("n1", "n2"), ("n2",))
     data = f.event_data(groups=[{"signature": "x"}])
     assert data == {"groups": [{"signature": "x"}], "failed_nodes": ["n1", "n2"],
-                    "avoid_nodes": ["n2"], "attempt": 2}
+                    "avoid_nodes": ["n2"], "attempt": 2, "blame": "infra"}
     assert AttemptFailure.from_event_data(data) == f
     # a controller-lost failure stores no avoid list
     assert AttemptFailure.from_event_data({"failed_nodes": [], "attempt": 1}) == _f(1)
+
+
+def test_a_user_error_fails_at_once_and_names_how_to_retry_it() -> None:
+    d = restart_decision(attempt=1, failed=1, max_failures=3, reason=Reason.WORKER_CRASH,
+                         message="AttributeError at train.py:9 in main: x (rank 1 on n1)",
+                         user_error=True)
+    assert d.outcome == Outcome.FAIL and d.reason == Reason.USER_ERROR
+    assert d.message.startswith("AttributeError at train.py:9 in main")
+    assert "retry_on" in d.message
+    # The same failure that retry_on names (user_error False) is restarted like any other.
+    d = restart_decision(attempt=1, failed=1, max_failures=3, reason=Reason.WORKER_CRASH,
+                         message="ConnectionError", user_error=False)
+    assert d.outcome == Outcome.RESTART
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.access import (
+from orchestrator.admission.access import (
     Policy,
     Role,
     may_submit,
@@ -12,8 +12,7 @@ from orchestrator.access import (
     path_under,
     spec_violations,
 )
-from orchestrator.limits import divisors
-from orchestrator.quotas import (
+from orchestrator.admission.quotas import (
     Quota,
     QuotaExceeded,
     Usage,
@@ -22,6 +21,7 @@ from orchestrator.quotas import (
     effective_quota,
     job_size,
 )
+from orchestrator.bounds.limits import divisors
 from orchestrator.spec import parse_spec
 
 
@@ -67,6 +67,18 @@ def test_spec_violations_name_policy_and_setting() -> None:
     assert any(v.policy == "code_roles" and v.forbidden for v in viewer_code)
     assert may_submit(Role.VIEWER) is not None and may_submit(Role.USER) is None
     assert spec_violations(parse_spec({"name": "x"}), role=Role.USER, policy=POLICY) == []
+
+
+def test_only_admins_mark_a_job_never_preempted() -> None:
+    fixed = parse_spec({"name": "x", "preemption": {"preemptible": False}})
+    refused = spec_violations(fixed, role=Role.USER, policy=POLICY)
+    assert [(v.loc, v.forbidden) for v in refused] == [("preemption.preemptible", True)]
+    assert "only admins" in refused[0].msg
+    assert spec_violations(fixed, role=Role.ADMIN, policy=POLICY) == []
+    user_code = parse_spec({"name": "u", "entrypoint": {"command": ["python", "t.py"]},
+                            "preemption": {"preemptible": False}})
+    assert any(v.loc == "preemption.preemptible"
+               for v in spec_violations(user_code, role=Role.USER, policy=POLICY))
 
 
 def test_effective_quota_and_checks() -> None:

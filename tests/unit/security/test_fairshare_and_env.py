@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.fairshare import Queued, fair_order
-from orchestrator.quotas import Quota, Usage, running_block
-from orchestrator.worker_env import allowlisted, scrub
+from orchestrator.admission.fairshare import Queued, fair_order
+from orchestrator.admission.quotas import Quota, Usage, running_block
+from orchestrator.isolation.worker_env import allowlisted, scrub
 
 TOTAL = Usage(gpus=16, cpus=64)
 

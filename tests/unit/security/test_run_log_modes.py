@@ -5,8 +5,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from workers.callbacks import FileCallbacks
-from workers.logcapture import LogCapture
+from workers.host.logcapture import LogCapture
+from workers.loop.callbacks import FileCallbacks
 
 
 def test_rank_logs_and_metrics_are_0600(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_rank_logs_and_metrics_are_0600(tmp_path: Path) -> None:
 
 def test_captured_stdout_and_stderr_are_0600(tmp_path: Path) -> None:
     cap = LogCapture(stdout=tmp_path / "out.log", stderr=tmp_path / "err.log",
-                     sink=lambda stream, line: None)
+                     beneath=tmp_path, sink=lambda stream, line: None)
     cap.start()
     try:
         print("captured", flush=True)

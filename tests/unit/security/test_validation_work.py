@@ -2,9 +2,12 @@
 
 Before the bounds, `model.d_ff: 100000001` with `tp: 2` cost 4.3 s of server CPU (a linear
 divisor scan to build the error message), `micro_batch_size` and a plan's `global_batch` the
-same, and a declared node with 1,000 GPUs built a million-entry link table (10,000 GPUs: about
-11 GiB). Work is counted in executed Python lines (tests/unit/security/work.py): the budget
-below is a few milliseconds of CPU, and the counter stops a runaway call at once.
+same, a declared node with 1,000 GPUs built a million-entry link table (10,000 GPUs: about
+11 GiB), 2 KB of YAML `[[[[...` cost 0.8 s (the parser ran before the depth limit) and 1 MiB
+of YAML `[1,1,1,...` 9 s. Work is counted in executed Python lines (tests/unit/security/
+work.py): the budget below is a few milliseconds of CPU, and the counter stops a runaway call
+at once. The raw-text checks and libyaml run at C speed, uncounted: that bodies refused for
+their nesting or size never reach a parser is checked directly.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import pytest
 
 from api.errors import ApiError
 from api.routes.plans import PlanBody, request_cluster
-from orchestrator import limits as lim
-from orchestrator.documents import parse_document
+from orchestrator.admission import documents
+from orchestrator.admission.documents import parse_document
+from orchestrator.bounds import limits as lim
 from orchestrator.spec import SpecValidationError, parse_spec
 from tests.unit.security.work import lines_executed
 
@@ -135,4 +139,71 @@ def test_documents_with_many_numbers_decode_within_the_budget() -> None:
     text = '{"name": "x", "model": {"kind": "import", "path": "m:f", "kwargs": {"v": [' + \
         ", ".join(["1234567890123456789"] * 20_000) + "]}}}"
     work = lines_executed(lambda: parse_document(text, yaml_body=False), budget=BUDGET)
+    assert work < BUDGET
+
+
+MiB = 1024 * 1024
+BODY_BUDGET = 20_000  # a refused body: ~1 ms of Python
+# Refused on the raw text, before any parser runs.
+RAW_REFUSED = {
+    "2 KB of [[[[ (was 0.8 s)": ("[" * 2000, True),
+    "1 MiB of [[[[": ("[" * MiB, True),
+    "nested flow mappings": ("a: " + "{a: " * 500, True),
+    "1 MiB of - - - -": ("- " * (MiB // 2), True),
+    "1,400 ever deeper block levels": ("".join(" " * i + "a:\n" for i in range(1400)), True),
+    "1 MiB of keys (was 4.7 s)": ("".join(f"k{i}: {i}\n" for i in range(120_000))[:MiB], True),
+    "1 MiB of [1,1,1,...] (was 9 s)": ("[" + ",".join(["1"] * 520_000) + "]", True),
+    "1 MiB of anchors (was 2.7 s)": ("".join(f"a{i}: &x{i} 1\n" for i in range(70_000))[:MiB],
+                                     True),
+    "1 MiB of tabs": ("\t" * MiB, True),
+    "JSON: 1 MiB of [[[[": ("[" * MiB, False),
+    "JSON: 1 MiB of ]]]]": ("]" * MiB, False),
+    "JSON: 1 MiB of numbers (was 0.4 s)": ("[" + ",".join(["1"] * 520_000) + "]", False),
+    "JSON: 1 MiB of keys": ("{" + ",".join(f'"k{i}":{i}' for i in range(90_000)) + "}", False),
+}
+# Refused by the parser, within the budget.
+PARSE_REFUSED = {
+    "alias bomb": ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi",
+                                                                      strict=True)), True),
+    "4,000-digit integers": ("\n".join(f"k{i}: " + "9" * 4000 for i in range(260)), True),
+    "a 1 MiB integer": ("a: " + "9" * (MiB - 4), True),
+    "a base-60 integer": ("a: " + ":".join(["1"] * 120), True),
+    "JSON: 4,000-digit integers": ("[" + ",".join(["9" * 4000] * 260) + "]", False),
+}
+# Accepted by the decoder (the spec may still refuse them), within the budget.
+DECODED = {
+    "1 MiB scalar": ("name: " + "x" * (MiB - 10), True),
+    "1 MiB comment": ("name: x\n#" + "y" * (MiB - 20), True),
+    "1 MiB of escapes": ('a: "' + "\\n" * (MiB // 2 - 4) + '"', True),
+    "a 1 MiB base-60 number is a string": ("a: " + ":".join(["1"] * 300_000), True),
+    "just under the YAML item cap": ("".join(f"k{i}: {i}\n" for i in range(4990)), True),
+    "a flow list just under it": ("[" + ",".join(["1"] * 9990) + "]", True),
+    "JSON just under its cap": ("[" + ",".join(["1"] * 24_990) + "]", False),
+}
+
+
+@pytest.mark.parametrize(("text", "yaml_body"), RAW_REFUSED.values(), ids=RAW_REFUSED.keys())
+def test_bodies_too_deep_or_too_large_never_reach_a_parser(
+        text: str, yaml_body: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    def tripwire(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a parser ran")
+
+    monkeypatch.setattr(documents, "_Loader", tripwire, raising=False)
+    monkeypatch.setattr(documents.json, "loads", tripwire)
+    with pytest.raises(SpecValidationError) as err:
+        lines_executed(lambda: parse_document(text, yaml_body=yaml_body), budget=BODY_BUDGET)
+    assert err.value.issues[0].type in ("too_deep", "too_large"), err.value.issues
+
+
+@pytest.mark.parametrize(("text", "yaml_body"), PARSE_REFUSED.values(),
+                         ids=PARSE_REFUSED.keys())
+def test_hostile_documents_are_refused_within_the_budget(text: str, yaml_body: bool) -> None:
+    with pytest.raises(SpecValidationError):
+        lines_executed(lambda: parse_document(text, yaml_body=yaml_body), budget=BODY_BUDGET)
+
+
+@pytest.mark.parametrize(("text", "yaml_body"), DECODED.values(), ids=DECODED.keys())
+def test_the_largest_documents_decode_within_the_budget(text: str, yaml_body: bool) -> None:
+    work = lines_executed(lambda: parse_document(text, yaml_body=yaml_body), budget=BUDGET)
     assert work < BUDGET

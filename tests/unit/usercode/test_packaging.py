@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from api.packaging import PackageTooLargeLocal, build_package
-from orchestrator.packages import CODE_DIR, PackageError, PackageWriter, check_zip, ray_package
+from orchestrator.usercode.packages import (
+    CODE_DIR,
+    PackageError,
+    PackageWriter,
+    check_zip,
+    ray_package,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "byo"
 

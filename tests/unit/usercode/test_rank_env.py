@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from meshyard import _protocol as proto
-from orchestrator.entrypoint import Entrypoint
 from orchestrator.lifecycle import Reason
 from orchestrator.runtime.failures import RankFailure, group_failures, summarise
 from orchestrator.runtime.policy import Outcome, restart_decision
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints, write_marker
 from orchestrator.spec import parse_spec
-from workers.assignment import DistEnv, RankAssignment
-from workers.user_env import rank_argv, rank_env
-from workers.usercode import metric_row
+from orchestrator.usercode.entrypoint import Entrypoint
+from workers.host.assignment import DistEnv, RankAssignment
+from workers.usercode.environment import rank_argv, rank_env
+from workers.usercode.rank import metric_row
 
 PY = "/venv/bin/python"
 
@@ -110,6 +110,25 @@ def test_a_checkpoint_is_complete_once_every_rank_reported_its_step(tmp_path: Pa
     assert [s for s, _ in proto.complete_checkpoints(tmp_path)] == [1, 4]
 
 
+def test_a_completed_checkpoint_is_described_with_its_size_links_not_followed(
+        tmp_path: Path) -> None:
+    t = ReportedCheckpoints(root=tmp_path, world_size=1, attempt=2)
+    step = tmp_path / "step_00000003"
+    (step / "sub").mkdir(parents=True)
+    (step / "model.pt").write_bytes(b"x" * 1000)
+    (step / "sub" / "opt.pt").write_bytes(b"y" * 24)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.write_bytes(b"z" * 10**6)
+    (step / "link").symlink_to(outside)
+    assert t.observe([{"rank": 0, "step": 3, "checkpoint": "step_00000003"}]) == [3]
+    info = t.saved_info(3)
+    marker = (step / proto.MARKER).stat().st_size
+    assert info["step"] == 3 and info["path"] == str(step)
+    assert info["size_bytes"] == 1024 + marker
+    (tmp_path / "step_00000004").symlink_to(step)
+    assert t.saved_info(4)["size_bytes"] is None
+
+
 def test_rank_exits_are_grouped_with_their_exit_codes() -> None:
     groups = group_failures([
         RankFailure(rank=1, error_type="ExitCode", message="the rank process exited",
@@ -119,8 +138,9 @@ def test_rank_exits_are_grouped_with_their_exit_codes() -> None:
         RankFailure(rank=2, error_type="RuntimeError", message="Connection closed by peer",
                     node="n2", exit_code=1)])
     assert summarise(groups) == ("rank 1 on n1: ExitCode: the rank process exited (exit code "
-                                 "3); 2 ranks (0,2) on 2 nodes: RuntimeError: Connection "
-                                 "closed by peer (exit code 1)")
+                                 "3); then 2 ranks (0,2) on 2 nodes lost a peer (RuntimeError: "
+                                 "Connection closed by peer)")
+    assert [g.to_dict().get("exit_codes") for g in groups] == [{"1": 3}, {"0": 1, "2": 1}]
     assert groups[1].to_dict()["exit_codes"] == {"0": 1, "2": 1}
 
 

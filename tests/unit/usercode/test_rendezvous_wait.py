@@ -8,7 +8,7 @@ import threading
 import time
 
 from meshyard.parallel import wait_for_store
-from workers.env import free_port
+from workers.host.env import free_port
 
 
 def test_rank_zero_never_waits() -> None:

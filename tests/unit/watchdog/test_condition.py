@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.job_status import status_line
+from orchestrator.jobs.status_line import status_line
 from orchestrator.lifecycle import JobState, Reason
 from orchestrator.runtime.failures import RankFailure, attempt_failed, cause_first
 from orchestrator.watchdog.analyze import analyze
@@ -76,6 +76,13 @@ def test_condition_text_roundtrip_and_clearing() -> None:
 def test_status_line(state: JobState, extra: dict, expected: str) -> None:
     assert status_line(state=state, message="step 1 done", last_step=37, total_steps=200,
                        **extra) == expected
+
+
+def test_status_line_of_a_script_that_states_no_steps() -> None:
+    line = status_line(state=JobState.RUNNING, message="", last_step=None, total_steps=0)
+    assert line.startswith("running: the script reports no steps") and "of 0" not in line
+    assert status_line(state=JobState.RUNNING, message="", last_step=12,
+                       total_steps=0) == "training: step 12"
 
 
 def _crash_failures() -> list[RankFailure]:

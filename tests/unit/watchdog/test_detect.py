@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -140,7 +144,81 @@ def test_straggler_found_by_time_to_enter() -> None:
 
 
 def test_rank0_straggler_in_two_rank_world() -> None:
-    assert find_stragglers(straggler_scores(enter_times({0: 0.1}, world=2))) == (0,)
+    assert find_stragglers(straggler_scores(enter_times({0: 0.4}, world=2))) == (0,)
+
+
+def test_a_lag_that_is_a_small_share_of_the_step_is_not_a_straggler() -> None:
+    # 100 ms late in every 1 s step: last every time, far above the peers' spread, but it
+    # costs the job a tenth of its time; the rank's own interval between collectives says so.
+    scores = straggler_scores(enter_times({0: 0.1}, world=2))
+    assert scores[0].cadence_s == pytest.approx(1.0) and scores[0].late_fraction == 1.0
+    assert find_stragglers(scores) == ()
+    assert find_stragglers(scores, StragglerPolicy(min_step_fraction=0.0)) == (0,)
+
+
+def noisy_job(*, world: int, steps: int, step_s: float, jitter_s: float,
+              late: dict[int, float], seed: int) -> dict[int, dict[tuple[str, int], float]]:
+    """Enter times of a job on a loaded host: every rank's step takes step_s plus uniform
+    jitter; `late` ranks do that much more work before each collective."""
+    rnd = random.Random(seed)
+    out: dict[int, dict[tuple[str, int], float]] = {r: {} for r in range(world)}
+    t = 0.0
+    for s in range(1, steps + 1):
+        enters = {r: t + step_s + rnd.uniform(0, jitter_s) + late.get(r, 0.0)
+                  for r in range(world)}
+        for r, e in enters.items():
+            out[r][("0", s)] = e
+        t = max(enters.values())  # the all_reduce ends when the last rank entered
+    return out
+
+
+# What the hang monitor asks of a straggler (orchestrator/watchdog/monitor.py).
+MONITOR = StragglerPolicy(min_samples=8, min_late_fraction=0.75, min_lateness_s=0.05,
+                          min_ratio=3.0, min_spread_s=0.05)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_noisy_jobs_have_no_straggler(seed: int) -> None:
+    # Rank 0 logs 60 ms per 0.35 s step and the host adds up to 0.1 s of jitter: rank 0
+    # is last most of the time and, among the collectives spread wider than 50 ms, by more
+    # than the 50 ms floor, yet healthy.
+    times = noisy_job(world=2, steps=60, step_s=0.3, jitter_s=0.1, late={0: 0.06},
+                      seed=seed)
+    scores = straggler_scores(times, min_spread_s=MONITOR.min_spread_s)
+    assert find_stragglers(scores, MONITOR) == ()
+    assert find_stragglers(scores, replace(MONITOR, step_s=0.36)) == ()
+    for world in (3, 4):
+        times = noisy_job(world=world, steps=60, step_s=0.3, jitter_s=0.1, late={},
+                          seed=seed)
+        assert find_stragglers(straggler_scores(times, min_spread_s=0.05), MONITOR) == ()
+
+
+def test_healthy_noisy_job_would_have_been_flagged_without_the_step_and_noise_terms() -> None:
+    times = noisy_job(world=2, steps=60, step_s=0.3, jitter_s=0.05, late={0: 0.07}, seed=1)
+    scores = straggler_scores(times, min_spread_s=MONITOR.min_spread_s)
+    old = replace(MONITOR, min_step_fraction=0.0, noise_ratio=0.0)
+    assert find_stragglers(scores, old) == (0,)
+    assert find_stragglers(scores, MONITOR) == ()
+
+
+@pytest.mark.parametrize("world,slow", [(2, 1), (4, 2)])
+def test_a_slow_rank_in_a_noisy_job_is_still_found(world: int, slow: int) -> None:
+    # Three times the work of its peers (the user-script straggler): 0.2 s late per step.
+    times = noisy_job(world=world, steps=40, step_s=0.1, jitter_s=0.03, late={slow: 0.2},
+                      seed=3)
+    assert find_stragglers(straggler_scores(times, min_spread_s=0.05), MONITOR) == (slow,)
+    assert find_stragglers(straggler_scores(times, min_spread_s=0.05),
+                           replace(MONITOR, step_s=0.33)) == (slow,)
+
+
+def test_a_lag_that_swings_more_than_it_averages_is_jitter() -> None:
+    rnd = random.Random(7)
+    times = {0: {("0", s): s * 1.0 for s in range(1, 41)},
+             1: {("0", s): s * 1.0 + 0.3 + rnd.uniform(-0.29, 0.29) for s in range(1, 41)}}
+    scores = straggler_scores(times)
+    assert scores[1].noise_s > 0.1
+    assert find_stragglers(scores) == ()
+    assert find_stragglers(scores, StragglerPolicy(noise_ratio=0.0, min_step_fraction=0)) == (1,)
 
 
 def test_no_straggler_in_a_healthy_job() -> None:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.health import HealthPolicy, Severity, apply_evidence, evidence_from_diagnosis
+from orchestrator.nodes.health_policy import (
+    HealthPolicy,
+    Severity,
+    apply_evidence,
+    evidence_from_diagnosis,
+)
 from orchestrator.watchdog.culprits import hardware_culprits
 from orchestrator.watchdog.gpu_errors import bus_key, gpu_errors, parse_xids, to_dicts
 from orchestrator.watchdog.hardware import with_driver_errors

@@ -93,7 +93,7 @@ def test_a_resumed_rank_is_on_its_first_step_until_it_completes_one() -> None:
 
 
 def test_a_long_checkpoint_save_is_not_a_stall_and_its_end_restarts_the_clock() -> None:
-    from workers.callbacks import Phase
+    from workers.loop.callbacks import Phase
 
     # The phases the loop's heartbeat names.
     assert (Phase.CHECKPOINT.value, Phase.DONE.value) == (CHECKPOINT_PHASE, DONE_PHASE)
@@ -188,11 +188,18 @@ def test_restart_avoids_the_suspect_node_only_for_wedged_with_hardware_evidence(
     assert _mon(action="restart").decide(hang, rank_nodes=nodes).avoid_nodes == ()
 
 
-def test_straggler_reported_once_per_culprit_set() -> None:
+def test_straggler_reported_once_per_culprit_set_after_two_probes_in_a_row() -> None:
     m = _mon()
     rep = _report(Verdict.STRAGGLER, (1,))
-    assert m.keep_straggler(rep) and not m.keep_straggler(rep)
+    assert [m.keep_straggler(rep) for _ in range(4)] == [False, True, False, False]
     assert not m.keep_straggler(_report(Verdict.NOT_JOINED))
+
+
+def test_a_straggler_named_by_probes_that_are_not_consecutive_is_never_reported() -> None:
+    m = _mon()
+    one, two = _report(Verdict.STRAGGLER, (1,)), _report(Verdict.STRAGGLER, (0,))
+    quiet = _report(Verdict.NON_COLLECTIVE_HANG, ())
+    assert [m.keep_straggler(r) for r in (one, quiet, one, two, one, quiet)] == [False] * 6
 
 
 def test_announced_op_ids_become_collective_seqs() -> None:
@@ -226,3 +233,37 @@ def test_heartbeat_steps_are_progress_between_batched_metrics_rows() -> None:
         m.observe(now_s=now, ranks={r: {"last_heartbeat": now, "step": 6} for r in range(2)})
     due = m.due(13.5)
     assert due is not None and due.trigger == "stall"
+
+
+def _probe_summaries(times: dict[int, dict[tuple[str, int], float]]) -> dict[int, dict]:
+    return {r: {"rank": r, "enter_times": [[pg, seq, t] for (pg, seq), t in ts.items()]}
+            for r, ts in times.items()}
+
+
+def test_a_healthy_noisy_job_probed_on_a_loaded_host_is_not_a_straggler() -> None:
+    from tests.unit.watchdog.test_detect import noisy_job
+
+    m = _mon()
+    for seed in range(4):
+        times = noisy_job(world=2, steps=60, step_s=0.3, jitter_s=0.1, late={0: 0.06},
+                          seed=seed)
+        steps = sorted(times[0].values())
+        for i, (a, b) in enumerate(zip(steps, steps[1:], strict=False)):
+            _steps(m, b, i + 1, dt=b - a)
+        rep = m.analysis(summaries=_probe_summaries(times), trigger="straggler")
+        assert rep.verdict is not Verdict.STRAGGLER, rep.summary
+        assert not m.keep_straggler(rep)
+
+
+def test_a_slow_rank_probed_twice_is_reported_once() -> None:
+    from tests.unit.watchdog.test_detect import noisy_job
+
+    m = _mon()
+    kept = []
+    for seed in range(3):
+        times = noisy_job(world=2, steps=40, step_s=0.1, jitter_s=0.03, late={1: 0.2},
+                          seed=seed)
+        rep = m.analysis(summaries=_probe_summaries(times), trigger="straggler")
+        assert (rep.verdict, rep.culprit_ranks) == (Verdict.STRAGGLER, (1,))
+        kept.append(m.keep_straggler(rep))
+    assert kept == [False, True, False]

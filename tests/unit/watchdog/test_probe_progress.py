@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from api.cli.local_watch import _blame, _exits, launcher_env, world_size_of
 from meshyard import _frames
 from orchestrator.spec import Watchdog
 from orchestrator.watchdog import probe_files
-from orchestrator.watchdog.local_watch import _blame, _exits, launcher_env, world_size_of
 from orchestrator.watchdog.monitor import HangMonitor
 
 
@@ -68,25 +68,25 @@ def test_probe_files_round_trip(tmp_path: Path) -> None:
     probe_files.progress_path(tmp_path, 1).write_text(json.dumps(
         {"pid": 7, "time": 1.0, "collectives": {"0": {"enqueued": 9, "completed": 8},
                                                 "1": {"enqueued": 3, "completed": 3}}}))
-    prog = probe_files.read_progress(tmp_path, 1)
+    prog = probe_files.read_progress(tmp_path, 1, root=tmp_path)
     assert prog is not None and probe_files.collective_count(prog["collectives"]) == 12
     assert probe_files.collective_count({"0": {"enqueued": -1}}) is None
-    assert probe_files.read_progress(tmp_path, 2) is None
+    assert probe_files.read_progress(tmp_path, 2, root=tmp_path) is None
     out = tmp_path / "ans"
-    probe_files.ask(tmp_path, 1, out=out, request_id="r1")
+    probe_files.ask(tmp_path, 1, out=out, request_id="r1", root=tmp_path)
     assert json.loads(probe_files.request_path(tmp_path, 1).read_text()) == {
         "id": "r1", "out": str(out)}
     out.mkdir()
     (out / "probe.json").write_text(json.dumps({"id": "r0"}))  # an older answer
-    assert probe_files.await_answer(out, request_id="r1", timeout_s=0.2) is None
-    assert probe_files.await_answer(out, request_id="r1", timeout_s=30,
+    assert probe_files.await_answer(out, request_id="r1", timeout_s=0.2, root=tmp_path) is None
+    assert probe_files.await_answer(out, request_id="r1", timeout_s=30, root=tmp_path,
                                     alive=lambda: False) is None  # gone: no 30 s wait
     (out / "probe.json").write_text(json.dumps({
         "id": "r1", "pid": 7, "user_frame": "train.py:3 in f()", "top_frame": "sleep at x:1",
         "pending": [{"op": "all_reduce"}], "process_groups": {"0": {"ranks": [0, 1]}}}))
-    info = probe_files.await_answer(out, request_id="r1", timeout_s=1)
+    info = probe_files.await_answer(out, request_id="r1", timeout_s=1, root=tmp_path)
     assert info is not None
-    s = probe_files.rank_summary(info, rank=1, out=out)
+    s = probe_files.rank_summary(info, rank=1, out=out, root=tmp_path)
     assert (s["rank"], s["top_of_stack"], s["fr_dump"]) == (1, "train.py:3 in f()", None)
     assert s["pending"] == [{"op": "all_reduce"}]
 
@@ -167,8 +167,8 @@ def test_a_stall_after_every_rank_exited_cleanly_is_the_end_not_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last ranks of a finished job can take longer than the stall threshold to tear down;
     once every rank has exited 0, the stall rule does not fire."""
-    from orchestrator.watchdog import local_watch
-    from orchestrator.watchdog.local_watch import LocalWatch
+    from api.cli import local_watch
+    from api.cli.local_watch import LocalWatch
 
     monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)  # rank 1's probe below never answers
 
@@ -197,8 +197,8 @@ def test_ranks_killed_together_wait_for_the_launchers_first_failure(
     """gloo aborts rank 0 (SIGABRT) and torchrun kills rank 1 right after: seen gone in one
     look, neither with an exit of its own. The watch waits for torchrun's failure summary and
     names the rank it calls the root cause; with no summary it names both, in time."""
-    from orchestrator.watchdog import local_watch
-    from orchestrator.watchdog.local_watch import ROOT_CAUSE_WAIT_S, LocalWatch
+    from api.cli import local_watch
+    from api.cli.local_watch import ROOT_CAUSE_WAIT_S, LocalWatch
 
     monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
     now = [0.0]
@@ -245,8 +245,8 @@ def test_a_rank_that_recorded_a_clean_exit_is_named_while_its_process_still_fina
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 returned (its probe recorded exit 0) but its process is still tearing down when
     rank 0 fails of it ("Connection closed by peer") and is gone: rank 1 is the one named."""
-    from orchestrator.watchdog import local_watch
-    from orchestrator.watchdog.local_watch import LocalWatch
+    from api.cli import local_watch
+    from api.cli.local_watch import LocalWatch
 
     monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
     watch = LocalWatch(["true"], out=tmp_path, policy=Watchdog(stall_timeout_s=30),
@@ -261,3 +261,9 @@ def test_a_rank_that_recorded_a_clean_exit_is_named_while_its_process_still_fina
          "exited": {"error": None}}))
     assert watch._tick() is True
     assert [list(r.culprit_ranks) for r in watch.reports] == [[1]]
+
+
+def test_a_hostile_collective_count_is_capped_for_the_store() -> None:
+    huge = {"0": {"enqueued": 10**30}, "1": {"enqueued": 5}, "2": {"enqueued": True}}
+    assert probe_files.collective_count(huge) == probe_files.MAX_COLLECTIVES
+    assert probe_files.collective_count({"0": {"enqueued": "7"}}) is None

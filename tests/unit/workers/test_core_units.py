@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from orchestrator.spec import FaultKind, InjectFault, parse_spec
-from workers.callbacks import FileCallbacks, Phase, read_metrics
-from workers.data import DataSource
-from workers.env import debug_env, worker_env
-from workers.faults import CollectiveAction, FaultInjector
-from workers.grads import clip_grad_norm
-from workers.heartbeat import HeartbeatThread, Progress
-from workers.model import GPT, ModelBuildError, build_model, resolve_builder
+from workers.host.env import debug_env, worker_env
+from workers.host.faults import CollectiveAction, FaultInjector
+from workers.loop.callbacks import FileCallbacks, Phase, read_metrics
+from workers.loop.data import DataSource
+from workers.loop.grads import clip_grad_norm
+from workers.loop.heartbeat import HeartbeatThread, Progress
+from workers.loop.model import GPT, ModelBuildError, build_model, resolve_builder
 
 TINY = {"name": "t", "model": {"n_layers": 2, "n_heads": 2, "d_model": 16, "vocab_size": 32,
                                 "seq_len": 8},
@@ -97,7 +97,7 @@ def test_resolve_builder_errors() -> None:
     with pytest.raises(ModelBuildError, match="cannot import module 'no_such_pkg_x.mod'"):
         resolve_builder("no_such_pkg_x.mod:build")
     with pytest.raises(ModelBuildError, match="has no callable 'nope'"):
-        resolve_builder("workers.model:nope")
+        resolve_builder("workers.loop.model:nope")
 
 
 def test_gpt_builds_identically_per_seed_and_splits_cleanly() -> None:
@@ -146,8 +146,7 @@ def test_file_callbacks_and_heartbeat_thread(tmp_path: Path) -> None:
 
 
 def test_mfu_math_and_no_peak_on_cpu() -> None:
-    from workers import mfu
-
+    from workers.loop import mfu
     assert mfu.peak_flops(torch.device("cpu")) is None
     fpt = mfu.flops_per_token(n_params=1000, n_layers=2, d_model=8, seq_len=4)
     assert fpt == 6 * 1000 + 12 * 2 * 8 * 4
@@ -159,7 +158,7 @@ def test_mfu_math_and_no_peak_on_cpu() -> None:
 def test_run_training_stops_between_steps_on_stop_event(tmp_path: Path) -> None:
     import threading
 
-    from workers.loop import run_training
+    from workers.loop.train import run_training
 
     stop = threading.Event()
 
@@ -192,7 +191,7 @@ def test_run_training_stops_between_steps_on_stop_event(tmp_path: Path) -> None:
 _FLOOR_SCRIPT = r"""
 import json, os
 import torch, torch.distributed as dist
-from workers.heartbeat import Progress, collective_seqs
+from workers.loop.heartbeat import Progress, collective_seqs
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
                         rank=0, world_size=1)
 bg = dist.new_group(backend="gloo")
@@ -261,7 +260,7 @@ class _FakeNvml:
 
 
 def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
-    from workers.usage import NodeSampler, Nvml, ProcessSampler
+    from workers.host.sampling import NodeSampler, Nvml, ProcessSampler
 
     nvml = Nvml(module=_FakeNvml())
     s = ProcessSampler(gpu_index=1, nvml=nvml, min_interval_s=60)
@@ -285,8 +284,9 @@ def test_usage_samples_the_process_and_its_gpu_through_nvml() -> None:
 def _moe_router_grads(coef: float) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One LocalStepRunner step of a tiny MoE GPT: (the first layer's router grad, the last
     layer's expert grads, reported loss)."""
-    from workers.moe import moe_layers
-    from workers.runner import Batch, LocalStepRunner
+    from workers.loop.moe import moe_layers
+    from workers.loop.runner import LocalStepRunner
+    from workers.loop.step_contract import Batch
 
     spec = parse_spec({**TINY, "parallelism": {}, "model": {
         **TINY["model"], "moe": {"experts": 4, "top_k": 2, "aux_loss_coef": coef}}})

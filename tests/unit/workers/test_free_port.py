@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-import workers.env as env
-from workers.env import free_port
+import workers.host.env as env
+from workers.host.env import free_port
 
 
 def _bind(port: int) -> socket.socket:

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from orchestrator.spec import GPTModel, PPSchedule
-from workers.model import GPT
-from workers.pipeline import (
+from workers.loop.model import GPT
+from workers.loop.pipeline import (
     PipelineLayoutError,
     StageLayout,
     StageUnion,

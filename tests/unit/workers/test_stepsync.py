@@ -1,4 +1,4 @@
-"""The loop's batched loss / stop sync (workers/stepsync.py) in one process (world 1)."""
+"""The loop's batched loss / stop sync (workers/loop/stepsync.py) in one process (world 1)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from orchestrator.spec import FaultKind, InjectFault
-from workers.faults import FaultInjector
-from workers.stepsync import MAX_INTERVAL, StepSync
+from workers.host.faults import FaultInjector
+from workers.loop.stepsync import MAX_INTERVAL, StepSync
 
 
 def _sync(fault: InjectFault | None = None, *, world: int = 1) -> StepSync:

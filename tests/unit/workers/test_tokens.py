@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from orchestrator.spec import SpecValidationError, parse_spec
-from workers.data import DataSource
-from workers.tokens import TokenFile, TokenFileError
+from workers.loop.data import DataSource
+from workers.loop.tokens import TokenFile, TokenFileError
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "tokens"
 
@@ -80,7 +80,7 @@ def test_bad_token_files_are_refused_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_the_built_in_loop_trains_on_a_token_file(tmp_path: Path) -> None:
-    from workers.loop import run_training
+    from workers.loop.train import run_training
 
     spec = parse_spec({"name": "t", "model": {"n_layers": 1, "n_heads": 2, "d_model": 32,
                                               "vocab_size": 128, "seq_len": 16},

@@ -10,11 +10,15 @@ meshyard), with one fault chosen on the command line:
     p2p             pipeline 0 -> 1 -> ...: stage CULPRIT never sends its activations
     non_collective  every rank waits for data in a Python loop at step 6
     straggler       rank CULPRIT computes 3x longer per step, N steps, exits 0
+    hang_once       first attempt: like not_joined; a restarted attempt (TORCHELASTIC_
+                    RESTART_COUNT > 0) starts slowly (every rank sleeps 8 s, as a large
+                    import or data load does), then trains N steps and exits 0
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from datetime import timedelta
 
@@ -55,7 +59,7 @@ def train(args: argparse.Namespace) -> None:
         forward(step, rank, args)
         if step == HANG_AT:
             print(f"rank {rank} reached the fault at {time.time():.3f}", flush=True)
-            if args.scenario == "not_joined" and rank == args.culprit:
+            if args.scenario in ("not_joined", "hang_once") and rank == args.culprit:
                 save_checkpoint(step)
             elif args.scenario == "exited" and rank == args.culprit:
                 return
@@ -75,6 +79,10 @@ def main() -> None:
     p.add_argument("culprit", type=int)
     p.add_argument("--steps", type=int, default=10_000)
     args = p.parse_args()
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if args.scenario == "hang_once" and restarted:
+        time.sleep(8.0)
+        args.scenario = "healthy"
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     train(args)
     if args.scenario in ("healthy", "straggler"):

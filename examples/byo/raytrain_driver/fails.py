@@ -1,0 +1,24 @@
+"""A Ray Train program whose training function raises on every rank."""
+
+import meshyard.train as train
+from meshyard.train import ScalingConfig
+from meshyard.train.torch import TorchTrainer
+
+
+def train_func(config):
+    train.report({"loss": 1.0})
+    raise ValueError(f"bad learning rate {config['lr']}")
+
+
+def run(storage_path=None):
+    return TorchTrainer(train_func, train_loop_config={"lr": -1},
+                        scaling_config=ScalingConfig(num_workers=2),
+                        run_config=_run_config(storage_path)).fit()
+
+
+def _run_config(storage_path):
+    return train.RunConfig(name="fails", storage_path=storage_path)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,93 @@
+"""What one attempt's ranks said: a `Drained` batch per controller tick (metrics, log lines,
+per-rank updates, utilisation samples, checkpoints, collective counts), the last lines of each
+rank's output (the anchor from which a dead rank's unread output is found on its node), and
+utilisation samples thinned to a bounded rate for the whole job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.lifecycle import LogStream
+from orchestrator.runtime.events import AttemptConfig, RankStatus
+from workers.host.assignment import RankResult, rank_log_path
+from workers.host.logcapture import unseen_tail
+
+_ANCHOR_LINES = 3
+_CAPTURED = (LogStream.STDOUT, LogStream.STDERR)
+_READ_TIMEOUT_S = 10.0
+# Reads a dead rank's log files on its node (they are where its process wrote them).
+_unseen_tail = ray.remote(num_cpus=0, max_retries=0)(unseen_tail)
+
+
+@dataclass(frozen=True)
+class Drained:
+    """One tick's poll of every live worker: metrics rows, log lines, per-rank updates
+    (RankStatus fields: state, step, start_step, phase, last_heartbeat, pid), utilisation
+    samples (at most one per rank per `usage_interval_s`), rank 0's completed checkpoints, and
+    per rank of a user-code job the count of collectives its probe last saw enqueued (its
+    progress when it reports no step)."""
+
+    metrics: tuple[dict[str, Any], ...] = ()
+    logs: tuple[dict[str, Any], ...] = ()
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    usage: tuple[dict[str, Any], ...] = ()
+    checkpoints: tuple[dict[str, Any], ...] = ()
+    collectives: dict[int, int] = field(default_factory=dict)
+
+
+class RankOutputs:
+    def __init__(self, cfg: AttemptConfig) -> None:
+        self.cfg = cfg
+        self._last_lines: dict[tuple[int, str], list[str]] = {}  # (rank, stream) -> anchor
+        self._untailed: set[int] = set()  # dead ranks whose last output is not read yet
+        self._usage_at: dict[int, float] = {}  # rank -> time of its last kept sample
+        # At most ~5 utilisation rows per second for the whole job, whatever its size.
+        self._usage_every_s = max(cfg.usage_interval_s, cfg.world_size / 5.0)
+
+    def died(self, rank: int) -> None:
+        """Its process is gone: what it wrote after its last forwarded line is read once."""
+        self._untailed.add(rank)
+
+    def keep_usage(self, rank: int, at: float) -> bool:
+        if at - self._usage_at.get(rank, 0.0) < self._usage_every_s:
+            return False
+        self._usage_at[rank] = at
+        return True
+
+    def remember_lines(self, logs: list[dict[str, Any]]) -> None:
+        for line in logs:
+            key = (int(line.get("rank", -1)), str(line.get("stream")))
+            if key[1] in _CAPTURED:
+                kept = self._last_lines.setdefault(key, [])
+                kept.append(str(line.get("line", "")))
+                del kept[:-_ANCHOR_LINES]
+
+    def dead_ranks_output(self, ranks: Mapping[int, RankStatus],
+                          results: Mapping[int, RankResult]) -> list[dict[str, Any]]:
+        """What dead ranks wrote after their last forwarded line (lost with their process's
+        buffers), read from their log files on their node."""
+        out: list[dict[str, Any]] = []
+        for r in sorted(self._untailed):
+            self._untailed.discard(r)
+            info, died = ranks[r], (results[r].time or time.time())
+            for stream in _CAPTURED:
+                path = str(rank_log_path(self.cfg.log_dir, r, stream))
+                anchor = self._last_lines.get((r, stream), [])
+                task = _unseen_tail.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    str(info.node_id), soft=True)
+                ).remote(path, anchor, beneath=self.cfg.run_dir)
+                try:
+                    lines = ray.get(task, timeout=_READ_TIMEOUT_S)
+                except (RayError, GetTimeoutError):
+                    continue
+                out.extend({"rank": r, "stream": stream, "line": x, "time": died}
+                           for x in lines)
+        return out

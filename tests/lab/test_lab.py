@@ -1,0 +1,212 @@
+"""The lab itself: two hosts, each its own network namespace, address, disk and Ray node,
+started through deploy/baremetal/ray-node.sh, form one Ray cluster over the lab network; a
+control plane on a third host places a 2-rank job across them; a pulled link cuts a host off;
+a killed host has no process left; `down()` removes everything.
+
+The tests of this module share one lab and run in order: the last ones kill a host and take
+the lab down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.lab import lab as labmod
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# One driver on the head: every node's address, hostname, labels and GPUs, and one task pinned
+# to each node (by its meshyard.io/node label) reporting the host it ran in.
+_REPORT = r"""
+import json, socket, ray
+ray.init(address=ADDRESS, logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=0)
+def whoami(peer):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect((peer, 9))  # no packet is sent: the kernel picks the source address
+    src = s.getsockname()[0]
+    s.close()
+    return {"hostname": socket.gethostname(), "src_ip": src,
+            "ray_ip": ray.util.get_node_ip_address()}
+
+nodes = [n for n in ray.nodes() if n["Alive"]]
+tasks = {n["Labels"]["meshyard.io/node"]:
+         whoami.options(label_selector={"meshyard.io/node": n["Labels"]["meshyard.io/node"]})
+         .remote(PEER) for n in nodes}
+print(json.dumps({
+    "nodes": [{"ip": n["NodeManagerAddress"], "hostname": n["NodeManagerHostname"],
+               "port": n["NodeManagerPort"], "labels": n["Labels"],
+               "gpus": n["Resources"].get("GPU", 0)} for n in nodes],
+    "tasks": {name: ray.get(ref, timeout=60) for name, ref in tasks.items()},
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def report(lab: labmod.Lab) -> dict:
+    code = _REPORT.replace("ADDRESS", repr(lab.ray_address)).replace(
+        "PEER", repr(f"{labmod.SUBNET}.1"))
+    proc = lab.python_in(lab.head, code, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ray_hosts(lab: labmod.Lab) -> list[labmod.Host]:
+    return [h for h in lab.hosts if h.role in ("head", "worker")]
+
+
+def test_cluster_forms_with_each_hosts_address_and_labels(lab: labmod.Lab, report: dict):
+    by_name = {n["labels"].get("meshyard.io/node"): n for n in report["nodes"]}
+    assert sorted(by_name) == sorted(h.name for h in _ray_hosts(lab))
+    assert len({n["ip"] for n in report["nodes"]}) == len(_ray_hosts(lab)) == 2
+    for h in _ray_hosts(lab):
+        node = by_name[h.name]
+        assert node["ip"] == h.ip
+        assert node["ip"].startswith(f"{labmod.SUBNET}.")
+        assert node["hostname"] == h.name  # its own UTS namespace
+        assert node["labels"]["leaf"] == h.labels["leaf"]
+        assert node["labels"]["spine"] == h.labels["spine"]
+        assert node["gpus"] == h.gpus > 0  # declared from the host's topo -m capture
+    assert len({h.labels["leaf"] for h in _ray_hosts(lab)}) == 2
+
+
+def test_a_task_on_each_host_reports_that_hosts_address(lab: labmod.Lab, report: dict):
+    assert sorted(report["tasks"]) == sorted(h.name for h in _ray_hosts(lab))
+    for h in _ray_hosts(lab):
+        got = report["tasks"][h.name]
+        assert got == {"hostname": h.name, "src_ip": h.ip, "ray_ip": h.ip}
+
+
+def test_each_host_has_its_own_nvidia_smi_capture(lab: labmod.Lab):
+    for h in _ray_hosts(lab):
+        out = lab.run_in(h, ["nvidia-smi", "topo", "-m"], check=True).stdout
+        assert out == (labmod.SAMPLES / h.topo).read_text()
+    assert lab.hosts[0].topo != lab.hosts[1].topo
+
+
+def test_a_hosts_run_dir_is_invisible_to_the_others(lab: labmod.Lab):
+    a, b, c = lab.hosts
+    mark = f"written-on-{a.name}-{time.time_ns()}"
+    lab.run_in(a, ["sh", "-c", f"echo {mark} > {labmod.RUN_DIR}/private.txt"], check=True)
+    seen_a = lab.run_in(a, ["cat", f"{labmod.RUN_DIR}/private.txt"])
+    assert seen_a.stdout.strip() == mark
+    seen_b = lab.run_in(b, ["cat", f"{labmod.RUN_DIR}/private.txt"])
+    assert seen_b.returncode != 0 and "No such file" in seen_b.stderr
+    assert lab.run_in(c, ["test", "-e", f"{labmod.RUN_DIR}/private.txt"]).returncode == 1
+    assert not (Path(labmod.RUN_DIR) / "private.txt").exists()  # the root namespace
+    # Ray's own session files live on each host's disk too
+    ls_b = lab.run_in(b, ["ls", f"{labmod.RUN_DIR}/ray"], check=True).stdout.split()
+    assert "session_latest" in ls_b
+
+
+_SUBMIT = r"""
+import json
+from api.client import MeshyardClient
+spec = {"version": 1, "name": "lab-two-hosts",
+        "resources": {"device": "cpu", "cpus_per_worker": 2},  # a whole host a rank
+        "parallelism": {"dp_replicate": 2},
+        "model": {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
+                  "seq_len": 16},
+        "training": {"steps": 5, "micro_batch_size": 2, "lr": 0.003}}
+with MeshyardClient(URL, TOKEN) as c:
+    job = c.submit(spec)
+    done = c.wait(job.id, timeout_s=180)
+    print(json.dumps({"state": done.state.value,
+                      "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
+                      "events": [e.model_dump(mode="json") for e in c.events(job.id)]}))
+"""
+
+
+@pytest.mark.slow
+def test_control_plane_on_its_own_host_places_a_job_across_two_hosts(lab: labmod.Lab):
+    cp = lab.hosts[2]
+    assert cp.role == "plain"
+    # Like a deployment's control plane: a Ray node with nothing to schedule on, then serve
+    # as its driver, listening on the lab network.
+    lab.start_ray(cp, cpus=0, gpus=0)
+    lab.wait_nodes(3)
+    token = "lab-admin-token-" + "0" * 24
+    lab.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip, "--port", "8470",
+                      "--data-dir", f"{labmod.RUN_DIR}/meshyard",
+                      "--ray-address", lab.ray_address, "--no-access-log"],
+                 log="serve.log", env={"MESHYARD_ADMIN_TOKEN": token,
+                                       "MESHYARD_WARM_POOL_USER_CODE": "0"})
+    lab.wait_port(cp, 8470, timeout=120)
+    code = _SUBMIT.replace("URL", repr(f"http://{cp.ip}:8470")).replace("TOKEN", repr(token))
+    proc = lab.python_in(lab.head, code, timeout=240)  # the client on another host
+    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(cp, "serve.log")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["state"] == "SUCCEEDED", out["events"]
+    ranks = {r["rank"]: r for r in out["ranks"]}
+    assert sorted(ranks) == [0, 1]
+    hosts = [lab.host(ranks[i]["node"]) for i in (0, 1)]
+    assert hosts[0].name != hosts[1].name and hosts[0].ip != hosts[1].ip
+    assert {h.role for h in hosts} == {"head", "worker"}  # not the control plane's host
+    assert [ranks[i]["step"] for i in (0, 1)] == [5, 5]
+    master = next(e["data"]["master"] for e in out["events"]
+                  if e["reason"] == "WORKERS_READY")
+    assert master["addr"] == hosts[0].ip  # MASTER_ADDR: rank 0's host, on the lab network
+
+
+def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: labmod.Lab, report: dict):
+    worker = lab.hosts[1]
+    port = next(n["port"] for n in report["nodes"] if n["ip"] == worker.ip)
+    assert lab.tcp_connects(lab.head, worker.ip, port)
+    lab.link_down(worker)
+    try:
+        t0 = time.monotonic()
+        assert not lab.tcp_connects(lab.head, worker.ip, port, timeout=3)
+        assert not lab.tcp_connects(worker, lab.head.ip, labmod.RAY_PORT, timeout=3)
+        assert time.monotonic() - t0 < 30
+    finally:
+        lab.link_up(worker)
+    deadline = time.monotonic() + 20
+    while not lab.tcp_connects(lab.head, worker.ip, port, timeout=2):
+        assert time.monotonic() < deadline, "link_up did not restore the connection"
+        time.sleep(0.5)
+
+
+def test_slow_link_shapes_both_directions(lab: labmod.Lab):
+    worker = lab.hosts[1]
+    lab.slow_link(worker, "2mbit")
+    try:
+        outside = subprocess.run(["tc", "qdisc", "show", "dev", worker.name],
+                                 capture_output=True, text=True, check=True).stdout
+        inside = lab.run_in(worker, ["tc", "qdisc", "show", "dev", "eth0"], check=True).stdout
+        for shown in (outside, inside):
+            assert "tbf" in shown and "2Mbit" in shown
+    finally:
+        lab.slow_link(worker, None)
+    inside = lab.run_in(worker, ["tc", "qdisc", "show", "dev", "eth0"], check=True).stdout
+    assert "tbf" not in inside
+
+
+def test_kill_host_leaves_no_process_of_that_host(lab: labmod.Lab):
+    worker = lab.hosts[1]
+    before = lab.host_pids(worker)
+    assert len(before) >= 3  # ray-node.sh's ray start, raylet, and more
+    killed = lab.kill_host(worker)
+    assert before <= killed
+    assert lab.host_pids(worker) == set()
+    assert labmod.netns_pids(worker.name) == {worker.keeper[0]}  # the disk's holder stays
+    assert lab.host_pids(lab.head)  # the head runs on
+
+
+def test_down_leaves_nothing_behind(lab: labmod.Lab):
+    recorded = [rec for h in lab.hosts for rec in [*h.pids, h.keeper]]
+    assert recorded
+    assert labmod.down() == []
+    assert labmod.down() == []  # idempotent
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert labmod.PREFIX not in netns
+    assert f" {labmod.PREFIX}" not in links
+    assert not any(labmod._alive(rec) for rec in recorded)
+    assert not labmod.STATE_DIR.exists()
+    assert labmod.PREFIX not in Path("/proc/self/mountinfo").read_text()

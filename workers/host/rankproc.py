@@ -1,0 +1,391 @@
+"""One rank process of a user-code job, a child of its worker actor. Linux.
+
+    proc = RankProcess(argv, env=env, cwd=code_dir).start()
+    proc.poll() ... proc.terminate(grace_s=3.0)   # the whole tree: SIGTERM, then SIGKILL
+
+* Its own session and process group (`start_new_session`), so signals reach every process
+  the rank started and none reach the actor.
+* stdout / stderr are the actor's descriptors 1 / 2, which the actor has pointed at the
+  rank's log files (workers/host/logcapture.py): C++ output and grandchildren land there too.
+* It dies with the actor: the runner sets PR_SET_PDEATHSIG, and the actor is a child
+  subreaper, so a grandchild whose parent exited is re-parented to the actor (not to init)
+  and `terminate` still finds it among the actor's descendants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshyard._confine import ConfineError, Plan, apply
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _confine_child(confine: Confinement, cwd: str, report_fd: int) -> None:
+    """In the forked child, before exec: confine, then enter `cwd` again as the confined
+    view shows it (the code dir bound read-only). A failure is written to `report_fd`."""
+    try:
+        apply(confine.plan, net_fd=confine.net_fd)
+        os.chdir(cwd)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exec refused
+        os.write(report_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        raise
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process are re-parented to it (Linux >= 3.4)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _ppids() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 2 and fields[0] != "Z":
+            out[int(entry.name)] = int(fields[1])
+    return out
+
+
+# Prestarted rank processes of this actor still waiting for their rank (PrestartedRank): a
+# rank's `terminate` / `kill_tree`, which reach every descendant of the actor (what a script
+# left behind), spare them.
+_WAITING: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _spared() -> set[int]:
+    """The waiting prestarted processes still running. One that ended on its own is reaped
+    here and spared no more: its pid may go to another process from then on."""
+    for pid, proc in list(_WAITING.items()):
+        if proc.poll() is not None:
+            _WAITING.pop(pid, None)
+    return set(_WAITING)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live (non-zombie) process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _ppids().items():
+        children.setdefault(parent, []).append(child)
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+
+
+def alive(pid: int) -> bool:
+    """A live process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _reap(pids: Iterable[int], *, timeout_s: float = 2.0) -> None:
+    """Waits (bounded) for `pids` to die and collects those that are children of this
+    process (re-parented grandchildren included), so no zombie is left either."""
+    todo = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while todo:
+        for p in list(todo):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(p, os.WNOHANG)
+            if not alive(p):
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(p, os.WNOHANG)
+                todo.discard(p)
+        if not todo or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """A rank's confinement (meshyard/_confine.py): the plan, and the descriptor of the TCP
+    layer built for its ports (workers/host/confinement.py `port_layer`)."""
+
+    plan: Plan
+    net_fd: int
+
+
+class RankProcess:
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], cwd: str,
+                 confine: Confinement | None = None) -> None:
+        self.argv, self.env, self.cwd, self.confine = argv, dict(env), cwd, confine
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RankProcess:
+        """Starts the process; confined, when asked, between fork and exec: before the
+        interpreter reads anything the job controls (LD_PRELOAD, PYTHONPATH, its code).
+        Raises ConfineError when the confinement fails (nothing of the job ran)."""
+        if self.confine is None:
+            self._proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            return self
+        read, write = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(self.confine.net_fd,),
+                preexec_fn=functools.partial(_confine_child, self.confine, self.cwd, write))
+        except subprocess.SubprocessError:
+            os.close(write)
+            write = -1
+            why = os.read(read, 4096).decode(errors="replace") or "unknown reason"
+            raise ConfineError(f"the rank process could not be confined: {why}") from None
+        finally:
+            if write >= 0:
+                os.close(write)
+            os.close(read)
+        return self
+
+    @classmethod
+    def adopt(cls, proc: subprocess.Popen[bytes], argv: list[str], *,
+              env: Mapping[str, str], cwd: str, confine: Confinement | None = None
+              ) -> RankProcess:
+        """A rank that already runs in `proc` (a PrestartedRank handed its request)."""
+        out = cls(argv, env=env, cwd=cwd, confine=confine)
+        out._proc = proc
+        return out
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def poll(self) -> int | None:
+        assert self._proc is not None
+        return self._proc.poll()
+
+    def wait(self, timeout_s: float) -> int | None:
+        assert self._proc is not None
+        try:
+            return self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def terminate(self, *, grace_s: float) -> None:
+        """SIGTERM to the rank's process group and every descendant of this actor, then
+        SIGKILL to whatever is left after `grace_s` (a script may save on SIGTERM)."""
+        me = os.getpid()
+        tree = descendants(me) - _spared()
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+        _signal_all(tree, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (descendants(me) & tree or
+                                               (self._proc and self._proc.poll() is None)):
+            time.sleep(0.05)
+        self.kill_tree(known=tree)
+
+    def kill_tree(self, *, known: set[int] | None = None) -> None:
+        """SIGKILL to the rank's process group and every descendant of this actor but the
+        prestarted rank processes still waiting for a rank."""
+        me = os.getpid()
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        left = (descendants(me) | (known or set())) - _spared()
+        _signal_all(left, signal.SIGKILL)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+        _reap(left)
+
+
+STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL of a stopped rank, unless the stop says otherwise
+
+
+class StopRequest(threading.Event):
+    """A worker's stop request (cancel, preemption): set, with the seconds a user-code rank
+    gets between SIGTERM and SIGKILL (a preemption gives the job's preemption.grace_s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grace_s = STOP_GRACE_S
+
+    def request(self, grace_s: float | None = None) -> None:
+        self.grace_s = STOP_GRACE_S if grace_s is None else max(0.0, float(grace_s))
+        self.set()
+
+    def reset(self) -> None:
+        self.grace_s = STOP_GRACE_S
+        self.clear()
+
+
+PRESTART = ("-m", "meshyard._prestart")
+RUNNER = ("-m", "meshyard.runner")
+# Read by the interpreter at start-up (or by the dynamic loader): a rank whose environment
+# sets them differently from the prestarted process's starts cold.
+_STARTUP_EXACT = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+_STARTUP_FREE = ("PYTHONPATH", "PYTHONUNBUFFERED")
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+NET_FD_VAR = "MESHYARD_CONFINE_NET_FD"  # the prestarted process's TCP layer (its own env)
+_OWN_VARS = (NET_FD_VAR, "OPENBLAS_NUM_THREADS")
+
+
+class PrestartedRank:
+    """A rank process started before its job (meshyard/_prestart.py): torch imported, waiting
+    for one request on its stdin. `hand(...)` turns it into the rank a cold
+    `RankProcess(argv, env=env, cwd=cwd).start()` would be, or answers None when it cannot
+    (see `fits`), and the caller starts that rank cold."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], *, python: str,
+                 env: Mapping[str, str], ports: tuple[int, ...] | None = None) -> None:
+        self._proc: subprocess.Popen[bytes] | None = proc
+        self.python, self.env, self.ports = python, dict(env), ports
+        _WAITING[proc.pid] = proc
+
+    @classmethod
+    def spawn(cls, *, python: str, env: Mapping[str, str], cwd: str,
+              net: tuple[int, tuple[int, ...]] | None = None) -> PrestartedRank:
+        """Starts one in its own session with `env` (the worker's allowlisted environment:
+        no secret) minus the thread-count variables (the rank's own apply at its request;
+        OpenBLAS starts no thread before it: a confinement needs a single thread). `net`:
+        (descriptor, ports) of the TCP layer it confines itself with at its request.
+        Call it from a thread that lives as long as the actor: the rank sets
+        PR_SET_PDEATHSIG, which fires when the thread that started it exits."""
+        spawn_env = {k: v for k, v in env.items() if k not in _THREAD_VARS}
+        spawn_env.update(PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
+        if net is not None:
+            spawn_env[NET_FD_VAR] = str(net[0])
+        proc = subprocess.Popen([python, *PRESTART], env=spawn_env, cwd=cwd,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                start_new_session=True, pass_fds=(net[0],) if net else ())
+        return cls(proc, python=python, env=spawn_env, ports=net[1] if net else None)
+
+    def wait_ready(self, *, timeout_s: float = 120.0) -> bool:
+        """Blocks until its imports are done (True), or it died / took too long (False)."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return proc is not None and proc.poll() is None
+        ready = _read_line(proc.stdout.fileno(), timeout_s=timeout_s)
+        if ready or proc.poll() is not None:  # read it (or it died): no more to wait for
+            proc.stdout.close()
+            proc.stdout = None
+        return ready == b"ready\n" and proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def fits(self, argv: list[str], env: Mapping[str, str],
+             confine: Confinement | None = None) -> bool:
+        return self.misfit(argv, env, confine) is None
+
+    def misfit(self, argv: list[str], env: Mapping[str, str],
+               confine: Confinement | None = None) -> str | None:
+        """Why a cold start of `argv` with `env` would not run the interpreter set-up this
+        process had (None: it would). The runner without interpreter options, the same
+        start-up variables, no site hook on the new PYTHONPATH; confined, the same closed
+        ports."""
+        if self._proc is None or self._proc.poll() is not None:
+            return "the prestarted process is gone"
+        if confine is not None and confine.plan.denied_ports != self.ports:
+            return "its TCP layer closes other ports than the rank's confinement"
+        if argv[:3] != [self.python, *RUNNER] or len(argv) < 5:
+            return f"interpreter options or another program: {argv[:4]}"
+        for k in sorted(set(env) | set(self.env)):
+            if k in _STARTUP_FREE or k in _OWN_VARS:
+                continue
+            if (k.startswith("PYTHON") or k in _STARTUP_EXACT) and env.get(k) != self.env.get(k):
+                return f"{k} differs from the prestarted process's"
+        if env.get("PYTHONUNBUFFERED") != "1":
+            return "PYTHONUNBUFFERED is not 1"
+        hooks = ("sitecustomize.py", "usercustomize.py")
+        for p in env.get("PYTHONPATH", "").split(os.pathsep):
+            for h in hooks:
+                if p and Path(p, h).exists():
+                    return f"{Path(p, h)} would run at start-up"
+        return None
+
+    def hand(self, argv: list[str], *, env: Mapping[str, str], cwd: str, stdout: Path,
+             stderr: Path, confine: Confinement | None = None) -> RankProcess | None:
+        """Sends the rank's request; the RankProcess now running it, or None (start cold:
+        `misfit` says why). With `confine`, the process confines itself first (it fails
+        the rank, as a setup error, when it cannot)."""
+        if not self.fits(argv, env, confine):
+            return None
+        proc, self._proc = self._proc, None
+        assert proc is not None and proc.stdin is not None
+        _WAITING.pop(proc.pid, None)  # the rank's own from here: its end kills it
+        if proc.stdout is not None:
+            proc.stdout.close()
+            proc.stdout = None
+        req = {"args": argv[3:], "env": dict(env), "cwd": cwd, "stdout": str(stdout),
+               "stderr": str(stderr),
+               "confine": confine.plan.to_json() if confine is not None else None}
+        try:
+            proc.stdin.write(json.dumps(req).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            _kill(proc)
+            return None
+        return RankProcess.adopt(proc, argv, env=env, cwd=cwd, confine=confine)
+
+    def close(self) -> None:
+        """Retires it unused: closing its stdin ends it; SIGKILL if it lingers."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _WAITING.pop(proc.pid, None)
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+def _read_line(fd: int, *, timeout_s: float) -> bytes:
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return data
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+    return data
