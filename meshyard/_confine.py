@@ -279,10 +279,61 @@ def _capabilities() -> int:
     return 0
 
 
-def port_ruleset(denied: Iterable[int], *, version: int | None = None) -> ll.Ruleset:
+_RESERVED_PORTS = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _parse_ports(text: str) -> set[int]:
+    """`1,5-7` -> {1, 5, 6, 7} (the sysctl's format)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit():
+            out.update(range(int(lo), int(hi if hi.isdigit() else lo) + 1))
+    return out
+
+
+def _format_ports(ports: Iterable[int]) -> str:
+    """{1, 5, 6, 7} -> `1,5-7`."""
+    runs: list[list[int]] = []
+    for p in sorted(set(ports)):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def reserve_ephemeral(ports: Iterable[int]) -> int:
+    """Takes `ports` out of the kernel's ephemeral port choice in this network namespace
+    (net.ipv4.ip_local_reserved_ports; what is reserved already stays). A socket bound to port
+    0, as gloo's and NCCL's listeners are, then never gets a port the TCP layer closes, where
+    every peer's connect to it would fail with EACCES. Landlock's port rules hold for every
+    address, so the closed ports include other hosts' Ray ports, which are free on this one.
+    Explicit binds are unaffected. Returns how many ports it newly reserved; -1 where the
+    sysctl cannot be read or written (no CAP_NET_ADMIN, a read-only /proc/sys)."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            lo, hi = (int(x) for x in f.read().split()[:2])
+        with open(_RESERVED_PORTS) as f:
+            have = _parse_ports(f.read().strip())
+        add = {p for p in ports if lo <= p <= hi} - have
+        if add:
+            with open(_RESERVED_PORTS, "w") as f:
+                f.write(_format_ports(have | add))
+        return len(add)
+    except (OSError, ValueError):
+        return -1
+
+
+def port_ruleset(denied: Iterable[int], *, version: int | None = None,
+                 reserve: bool = True) -> ll.Ruleset:
     """The TCP layer: bind and connect on every port but `denied` (port 0, binding to an
-    ephemeral port, included)."""
+    ephemeral port, included). With `reserve`, the denied ports are also kept out of the
+    ephemeral range where this process may say so (`reserve_ephemeral`)."""
     deny = set(denied)
+    if reserve:
+        reserve_ephemeral(deny)
     rs = ll.Ruleset(net=ll.NET_ALL, version=version)
     rs.allow_ports((p for p in range(MAX_PORT + 1) if p not in deny), ll.NET_ALL)
     return rs
@@ -330,13 +381,19 @@ def self_test(scratch: str) -> list[str]:
         f.write("x")
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
+    try:
+        net = port_ruleset((port,), reserve=False)  # the test's port is its own, held by it
+    except OSError as exc:
+        server.close()
+        return [f"the TCP layer could not be built: {exc}"]
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: confine, try, report, exit
         os.close(read)
         problems = []
         try:
-            apply(Plan(run_dir=run, tmp_dir=tmp, hide=(hidden,), denied_ports=(port,)))
+            apply(Plan(run_dir=run, tmp_dir=tmp, hide=(hidden,), denied_ports=(port,)),
+                  net_fd=net.fd)
             if os.path.exists(os.path.join(hidden, "secret")):
                 problems.append("a hidden file stayed visible")
             try:
@@ -354,6 +411,7 @@ def self_test(scratch: str) -> list[str]:
         os.write(write, json.dumps(problems).encode())
         os._exit(0)
     os.close(write)
+    net.close()
     with os.fdopen(read, "rb") as f:
         data = f.read()
     os.waitpid(pid, 0)
@@ -368,7 +426,11 @@ def apply(plan: Plan, *, net_fd: int | None = None) -> Report:
     """Confines the calling process (see the module doc). `net_fd`: a `port_ruleset` built
     ahead for `plan.denied_ports`; without it the TCP layer is built here."""
     report = Report()
+    net: ll.Ruleset | None = None
     try:
+        # Built while the process may still reserve the denied ports (see port_ruleset).
+        net = ll.Ruleset.adopt(net_fd) if net_fd is not None else \
+            port_ruleset(plan.denied_ports)
         _enter_namespaces()
         _mounts(plan, report)
         drop_capabilities()
@@ -376,16 +438,14 @@ def apply(plan: Plan, *, net_fd: int | None = None) -> Report:
         # TCP layer holds ~65,000.
         with _file_ruleset(plan) as files:
             files.restrict()
-        net = ll.Ruleset.adopt(net_fd) if net_fd is not None else \
-            port_ruleset(plan.denied_ports)
-        try:
-            net.restrict()
-        finally:
-            net.close()
+        net.restrict()
     except ConfineError:
         raise
     except OSError as exc:
         raise ConfineError(f"confinement failed: {exc}") from None
+    finally:
+        if net is not None:
+            net.close()
     report.steps.append(f"no capabilities; TCP closed on {len(set(plan.denied_ports))} ports; "
                         "files: write only the run dir, /tmp and /dev/shm; no signals out")
     return report

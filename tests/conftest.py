@@ -19,6 +19,29 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# Confined ranks add the ports they close to this host sysctl (meshyard/_confine.py,
+# reserve_ephemeral); the run leaves it as it found it.
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        try:
+            config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
+        except OSError:
+            pass
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    before = config.stash.get(_reserved_key, None)
+    if before is not None and not hasattr(config, "workerinput"):
+        try:
+            RESERVED_PORTS.write_text(before or "\n")
+        except OSError:
+            pass
+
+
+_reserved_key = pytest.StashKey[str]()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -204,3 +204,58 @@ def test_an_old_kernel_is_named_before_the_self_test_runs() -> None:
     assert "no Landlock" in str(landlock_problem(0))
     old = landlock_problem(MIN_LANDLOCK_ABI - 1)
     assert old is not None and f"ABI {MIN_LANDLOCK_ABI - 1}" in old and "6.12" in old
+
+
+CLOSED = (40001, 40003, 40005, 40007, 40009)
+
+
+def _listen_in_own_netns(*, reserve: bool) -> dict[str, Any]:
+    """In a fresh network namespace whose ephemeral range is 40000-40009, with its odd ports
+    (those the kernel tries first for port 0) closed by the TCP layer: two listeners bound to
+    port 0, each then connected to."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:  # CLONE_NEWNET
+        return {"error": f"unshare: {os.strerror(ctypes.get_errno())}"}
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+        f.write("40000 40009")
+    _confine.port_ruleset(CLOSED, reserve=reserve).restrict()
+    with open("/proc/sys/net/ipv4/ip_local_reserved_ports") as f:
+        reserved = f.read().strip()
+    out: dict[str, Any] = {"reserved": reserved, "listeners": []}
+    servers = [socket.socket() for _ in range(2)]  # both held open to the end
+    for server in servers:
+        try:
+            server.bind(("127.0.0.1", 0))
+        except OSError as exc:
+            out["listeners"].append([None, type(exc).__name__])
+            continue
+        server.listen()
+        port = server.getsockname()[1]
+        out["listeners"].append([port, _outcome(
+            lambda p=port: socket.create_connection(("127.0.0.1", p), timeout=2).close())])
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace of its own needs root")
+def test_a_listener_on_port_zero_never_gets_a_closed_port() -> None:
+    # gloo and NCCL listen on port 0. Without the reservation the kernel hands out the closed
+    # port, and every peer's connect to that listener is refused by the TCP layer.
+    open_range = _in_child(lambda: _listen_in_own_netns(reserve=False))
+    assert "error" not in open_range, open_range
+    assert open_range["reserved"] == ""
+    assert [(p in CLOSED, outcome) for p, outcome in open_range["listeners"]] == \
+        [(True, "PermissionError")] * 2
+    reserved = _in_child(lambda: _listen_in_own_netns(reserve=True))
+    assert "error" not in reserved, reserved
+    assert reserved["reserved"] == "40001,40003,40005,40007,40009"
+    assert [(p in CLOSED, outcome) for p, outcome in reserved["listeners"]] == \
+        [(False, "reached")] * 2
+
+
+def test_reserved_port_lists_are_read_and_written_in_the_sysctl_format() -> None:
+    assert _confine._parse_ports("1,5-7, 9\n") == {1, 5, 6, 7, 9}
+    assert _confine._parse_ports("") == set()
+    assert _confine._format_ports({9, 1, 5, 6, 7}) == "1,5-7,9"
+    assert _confine._format_ports([]) == ""
