@@ -7,6 +7,8 @@
   needs no topology and runs no discovery.
 - `register_nodes()`: writes the live nodes and their topology into the store (GET
   /v1/cluster, the dashboard, POST /v1/plans read them there).
+- `nodes_changed()`: whether Ray's live nodes differ from those the store holds alive (one GCS
+  call and one query: the runtime looks every few seconds and registers on a change).
 """
 
 from __future__ import annotations
@@ -139,3 +141,9 @@ def register_nodes(store: Store, topology: TopologySource) -> None:
                           labels=dict(node.labels), gpus=len(node.topology.gpus),
                           cpus=ray_node.cpus, topology=node_topology_to_dict(node.topology))
     store.mark_nodes_dead(except_names={n.name for n in snap.cluster.nodes})
+
+
+def nodes_changed(store: Store) -> bool:
+    """Whether Ray's live node ids differ from the ids of the nodes the store holds alive."""
+    live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return live != {n.node_id for n in store.list_nodes() if n.alive}

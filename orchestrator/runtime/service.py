@@ -51,7 +51,7 @@ from orchestrator.planner.calibration.figures import load_figures
 from orchestrator.planner.calibration.figures import path_in as calibration_path
 from orchestrator.runtime.events import NAMESPACE
 from orchestrator.runtime.node_sampling import NodeSamplers
-from orchestrator.runtime.nodes import TopologySource, register_nodes
+from orchestrator.runtime.nodes import TopologySource, nodes_changed, register_nodes
 from orchestrator.runtime.poller import Poller, sweep_orphans
 from orchestrator.runtime.pool import PoolView, drain_pool, ensure_pool, wait_for_pool
 from orchestrator.runtime.sandbox import ConfinedStarter
@@ -64,6 +64,7 @@ from orchestrator.store.repo import Store
 log = logging.getLogger("meshyard.runtime")
 DEFAULT_WORKER_PORTS = (10002, 19999)  # Settings.ray_worker_ports' default
 _SWEEP_EVERY_S = 30.0
+_NODES_EVERY_S = 5.0  # a look at Ray's live nodes; they are registered again on a change
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ class Runtime:
         self.owns_ray: bool | ConfinedStarter = False
         self.topology = TopologySource(cluster_file=settings.cluster_file, discovery=discovery)
         self._loops: list[_Loop] = []
-        self._last_sweep = 0.0
+        self._last_sweep = self._last_node_look = 0.0
         self._launching: set[str] = set()  # shared by scheduler and poller (see Poller)
         self.scheduler: Scheduler | None = None
         self.spares: SpareControllers | None = None
@@ -402,10 +403,15 @@ class Runtime:
             self._reconcile()
             return
         self.poller.tick()
-        if time.monotonic() - self._last_sweep > _SWEEP_EVERY_S:
-            self._last_sweep = time.monotonic()
+        now = time.monotonic()
+        if now - self._last_sweep > _SWEEP_EVERY_S:
+            self._last_sweep = self._last_node_look = now
             sweep_orphans(self.store, launching=self._launching, spares=self._spare_names())
             self.register_nodes()
+        elif now - self._last_node_look > _NODES_EVERY_S:
+            self._last_node_look = now
+            if nodes_changed(self.store):  # a node joined or was lost: the cluster view now
+                self.register_nodes()
 
     def _usage_pass(self) -> None:
         if self.is_leader:
