@@ -7,6 +7,7 @@ reason otherwise; each test gets a fresh database, dropped afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,19 +27,15 @@ RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
-        try:
+        with contextlib.suppress(OSError):
             config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
-        except OSError:
-            pass
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     before = config.stash.get(_reserved_key, None)
     if before is not None and not hasattr(config, "workerinput"):
-        try:
+        with contextlib.suppress(OSError):
             RESERVED_PORTS.write_text(before or "\n")
-        except OSError:
-            pass
 
 
 _reserved_key = pytest.StashKey[str]()
