@@ -22,7 +22,9 @@ attempt and whose GPUs make it fit (scheduling/preemption.py) goes PREEMPTED, an
 the preempting job. The poller asks their controllers to stop as a cancel does, with each
 job's `preemption.grace_s`; once stopped (after a checkpoint) they are QUEUED again and resume
 from it when they fit, their restart budget untouched. The freed GPUs are reserved for the
-preempting job meanwhile.
+preempting job meanwhile, and stay reserved until it is placed (at most PREEMPT_HOLD_S past the
+victims' grace): Ray can show a stopped victim's GPUs in use for a moment, and a victim
+queued again must not take back GPUs the preempting job is about to get.
 
 A job whose owner's running GPU / CPU quota is full waits with `kind: quota`. A job already
 told why it waits is not planned again until it or the cluster changes (runtime/plan_memo.py),
@@ -92,6 +94,9 @@ from orchestrator.usercode.packages import PackageError
 log = logging.getLogger("meshyard.scheduler")
 # A reservation that starts later than this (or at an unknown time) is worth preempting for.
 PREEMPT_IF_LATER_S = 60.0
+# A preempting job keeps the GPUs its victims free this long after their grace ends (Ray may
+# still show them in use for a moment after a victim stopped).
+PREEMPT_HOLD_S = 60.0
 
 TopologyFn = Callable[[list[RayNode]], ClusterTopology | None]
 PlanFn = Callable[..., GangPlan | Pending]
@@ -120,6 +125,9 @@ class Scheduler:
         self._pass: _Pass | None = None
         # the reserved job's last planned reservation (its key: job, cluster, running jobs)
         self._reservations: dict[str, tuple[Hashable, Reservation | None]] = {}
+        # a preempting job's reservation of its victims' GPUs, until it is placed or the
+        # deadline passes (`_preempt`)
+        self._preempting: dict[str, tuple[Reservation, float]] = {}
         self._specs: dict[str, JobSpec] = {}  # parsed once: a stored spec never changes
         self._avoid_dropped: set[tuple[str, int]] = set()
         # link figures for the cost model: calibrated ones (meshyard calibrate) when present
@@ -212,6 +220,8 @@ class Scheduler:
             fingerprint = (self._memo.fingerprint(snap), health_key)
             self._pass.placed_now(job, decision, self._queued(job, spec, snap))
         self._memo.keep_only(j.id for j in queued if j.id not in placed)
+        self._preempting = {k: v for k, v in self._preempting.items()
+                            if k in by_id and k not in placed and v[1] > now}
         self._estimates.forget({j.id for j in queued} | {j.id for j, _ in held})
         return placed
 
@@ -239,9 +249,15 @@ class Scheduler:
                 f"{pending.message}; GPUs on {nodes} are reserved for {name} "
                 f"({held_back.job_id}){note}")))
             return
-        res = self._reserve(job, spec, snap)
-        if self._preemption and not self._starts_soon(res):
-            res = self._preempt(job, spec, snap) or res
+        kept = self._preempting.get(job.id)
+        if kept is not None and kept[1] > p.now:
+            # Its victims' GPUs stay its own while they stop and Ray frees them: a job queued
+            # behind it (a victim itself, resumed) must not take them back meanwhile.
+            res: Reservation | None = replace(kept[0], start=max(kept[0].start or p.now, p.now))
+        else:
+            res = self._reserve(job, spec, snap)
+            if self._preemption and not self._starts_soon(res):
+                res = self._preempt(job, spec, snap) or res
         if res is None:  # fits only when more than the running jobs is freed
             self._set_pending(job, spec, pending)
             return
@@ -305,8 +321,10 @@ class Scheduler:
                              message=f"preempting {', '.join(stopped)} to make room "
                              f"({pre.lost_gpu_s:.0f} GPU-s of work since their checkpoints)",
                              data={"preempting": stopped})
-        return Reservation(job_id=job.id, gpus=pre.gpus, start=p.now + grace,
-                           waits_for=tuple(stopped), summary=pre.plan.summary, preempting=True)
+        res = Reservation(job_id=job.id, gpus=pre.gpus, start=p.now + grace,
+                          waits_for=tuple(stopped), summary=pre.plan.summary, preempting=True)
+        self._preempting[job.id] = (res, p.now + grace + PREEMPT_HOLD_S)
+        return res
 
     def _reserve(self, job: JobRecord, spec: JobSpec, snap: ClusterSnapshot
                  ) -> Reservation | None:

@@ -189,3 +189,33 @@ def test_a_job_that_ends_before_the_reservation_starts_backfills_onto_it(
     waiting = store.get_job(unknown.id).pending_reason
     assert "reserved for big" in waiting["message"] and "no runtime estimate" in \
         waiting["message"]
+
+
+def test_a_preempting_job_keeps_its_victims_gpus_while_ray_frees_them(
+        store: Store, tmp_path: Path) -> None:
+    """`urgent` preempts `low` (n1). low stops and is queued again, but Ray still shows one
+    of n1's GPUs in use: urgent does not fit yet, and neither `low` nor `small` (1 GPU) may
+    take n1's free GPU meanwhile; urgent gets n1 on the pass after Ray frees it."""
+    low = _running(store, "low", {"n1": [0, 1]}, step_times=None)
+    fixed = _running(store, "fixed", {"n2": [0, 1]}, step_times=None,
+                     preemption={"preemptible": False})
+    urgent = store.submit_job(_spec("urgent", 2, priority=5), owner="bob")[0]
+    sched = Recording(store, tmp_path, preempt_min_run_s=0)
+    sched.schedule(store.queued_jobs(), _snapshot({"n1": [0, 1], "n2": [0, 1]}),
+                   held=[low, fixed])
+    assert store.get_job(low[0].id).state == JobState.PREEMPTED
+
+    store.transition(low[0].id, JobState.QUEUED, reason=Reason.PREEMPTED)
+    store.submit_job(_spec("small", 1), owner="cy")
+    lagging = _snapshot({"n1": [1], "n2": [0, 1]})  # low's placement group not yet removed
+    sched.schedule(store.queued_jobs(), lagging, held=[fixed])
+    assert sched.launched == []
+    reason = store.get_job(urgent.id).pending_reason
+    assert reason["kind"] == "reserved" and reason["reservation"]["nodes"] == ["n1"]
+    assert reason["reservation"]["preempting"] is True
+    small = next(j for j in store.queued_jobs() if j.name == "small")
+    assert "reserved for urgent" in small.pending_reason["message"]
+
+    sched.schedule(store.queued_jobs(), _snapshot({"n2": [0, 1]}), held=[fixed])
+    assert sched.launched == ["urgent"]
+    assert store.get_job(low[0].id).state == JobState.QUEUED
