@@ -3,6 +3,7 @@ reader, sizes bounded, pickles plain data only."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import threading
@@ -111,3 +112,24 @@ def test_a_probe_answer_cannot_name_its_own_artifacts(run: Path) -> None:
     assert summary["fr_dump"] is None
     assert any("refused posix.system" in e for e in summary["errors"]), summary["errors"]
     assert "admin token" not in (out / "nccl_debug_tail.log").read_text()
+
+
+def test_a_rank_written_native_dump_is_read_only_as_a_bounded_file_of_its_own(run: Path) -> None:
+    from meshyard._protocol import PYSPY_FILE
+    from orchestrator.watchdog.stacks import MAX_NATIVE_BYTES
+
+    out = run / "diagnostics" / "s2" / "rank0"
+    out.mkdir(parents=True)
+    (out / PYSPY_FILE).symlink_to(run.parent / "secret")  # a link to the control plane's file
+    summary = probe_files.rank_summary({"errors": []}, rank=0, out=out, root=run)
+    assert "native" not in summary and "admin token" not in json.dumps(summary)
+
+    (out / PYSPY_FILE).unlink()
+    os.mkfifo(out / PYSPY_FILE)  # a FIFO would block a reader forever
+    summary = probe_files.rank_summary({"errors": []}, rank=0, out=out, root=run)
+    assert "native" not in summary
+
+    (out / PYSPY_FILE).unlink()
+    (out / PYSPY_FILE).write_bytes(b"\xff\xfe Thread 1 \x00" + b"x" * (4 * MAX_NATIVE_BYTES))
+    native = probe_files.rank_summary({"errors": []}, rank=0, out=out, root=run)["native"]
+    assert len(native.encode()) <= MAX_NATIVE_BYTES + 8 and native.startswith("\ufffd\ufffd")
