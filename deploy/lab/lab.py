@@ -52,6 +52,7 @@ RAY_PORT = 6380  # inside the head's own network namespace: nothing else listens
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_NODE_SH = REPO / "deploy" / "baremetal" / "ray-node.sh"
+RESTART_SEC = 5  # the bare-metal units' RestartSec
 SAMPLES = Path(os.environ.get("MESHYARD_LAB_TOPO_DIR", "/work/shared/samples/topo"))
 DEFAULT_TOPOS = ("topo_h100_4gpu_nv6_4nics_sparse_cpu_affinity.txt",
                  "topo_dgx_a100_8gpu_nv12_12mlx5_numa_3_1_7_5.txt",
@@ -89,12 +90,15 @@ def _sh(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProce
 
 def _start_time(pid: int) -> int | None:
     """The process's start time in clock ticks (/proc/PID/stat field 22): with the PID it
-    names one process, so a recorded PID the kernel has since reused is never signalled."""
+    names one process, so a recorded PID the kernel has since reused is never signalled.
+    None when it has exited, a zombie included (a child the lab keeps a handle on, such as
+    a host's ray-node.sh, stays one until that handle is polled)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _alive(rec: Sequence[int]) -> bool:
@@ -147,6 +151,8 @@ class Lab:
     def __init__(self, hosts: list[Host], token: str) -> None:
         self.hosts = hosts
         self.token = token
+        # each host's running ray-node.sh and the arguments it was started with
+        self._ray: dict[str, tuple[subprocess.Popen[bytes], int | None, int | None]] = {}
 
     # ---- lookups -------------------------------------------------------------------------
     def host(self, host: str | Host) -> Host:
@@ -244,8 +250,10 @@ class Lab:
         return proc
 
     def python_in(self, host: str | Host, code: str, *, timeout: float = 120,
-                  env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return self.run_in(host, [sys.executable, "-c", code], timeout=timeout, env=env)
+                  env: Mapping[str, str] | None = None, check: bool = False
+                  ) -> subprocess.CompletedProcess[str]:
+        return self.run_in(host, [sys.executable, "-c", code], timeout=timeout, env=env,
+                           check=check)
 
     def tcp_connects(self, src: str | Host, ip: str, port: int, timeout: float = 3.0) -> bool:
         """Whether a TCP connect from inside `src` to ip:port succeeds within `timeout`."""
@@ -324,7 +332,24 @@ class Lab:
         }
         if cpus is not None:
             env["RAY_NUM_CPUS"] = str(cpus)
-        return self.spawn_in(h, ["bash", str(RAY_NODE_SH), role], log="ray-node.log", env=env)
+        proc = self.spawn_in(h, ["bash", str(RAY_NODE_SH), role], log="ray-node.log", env=env)
+        self._ray[h.name] = (proc, cpus, gpus)
+        return proc
+
+    def restart_failed_starts(self) -> list[str]:
+        """Starts Ray again on each host whose ray-node.sh has exited, as the bare-metal
+        units do (Restart=on-failure): `ray start` gives up when its raylet has not
+        registered within 30 s, which a loaded machine can exceed. What the failed start left
+        running on the host is killed first. Returns the hosts restarted."""
+        restarted = []
+        for name, (proc, cpus, gpus) in list(self._ray.items()):
+            if proc.poll() is None:
+                continue
+            self.kill_host(name)
+            time.sleep(RESTART_SEC)
+            self.start_ray(name, cpus=cpus, gpus=gpus)
+            restarted.append(name)
+        return restarted
 
     def wait_port(self, host: str | Host, port: int, timeout: float = 60) -> None:
         h = self.host(host)
@@ -339,7 +364,21 @@ class Lab:
                        f"{self.log_tail(h, 'ray-node.log')}")
 
     def wait_nodes(self, count: int, timeout: float = 300) -> None:
-        """Wait until the head's Ray sees `count` live nodes (one driver on the head)."""
+        """Wait until the head's Ray sees `count` live nodes, starting Ray again on a host
+        whose start failed (`restart_failed_starts`), in rounds of at most a minute."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._wait_nodes(count, timeout=max(1.0, min(60.0, left)))
+                return
+            except LabError:
+                if time.monotonic() >= deadline:
+                    raise
+                self.restart_failed_starts()
+
+    def _wait_nodes(self, count: int, timeout: float) -> None:
+        """One driver on the head waits up to `timeout` for `count` live nodes."""
         code = f"""
 import time, ray
 ray.init(address={self.ray_address!r}, logging_level="ERROR", log_to_driver=False)

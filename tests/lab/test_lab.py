@@ -198,6 +198,33 @@ def test_kill_host_leaves_no_process_of_that_host(lab: labmod.Lab):
     assert lab.host_pids(lab.head)  # the head runs on
 
 
+def test_a_host_whose_ray_exited_is_started_again_and_rejoins(lab: labmod.Lab):
+    # The worker's Ray was killed above: its ray-node.sh has exited, as after a `ray start`
+    # that gave up on a slow raylet. The lab starts it again, as the bare-metal units do.
+    worker = lab.hosts[1]
+    code = f"""
+import json, ray
+ray.init(address={lab.ray_address!r}, logging_level="ERROR", log_to_driver=False)
+print(json.dumps([n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == {worker.ip!r}]))
+"""
+    before = set(json.loads(lab.python_in(lab.head, code, check=True).stdout.splitlines()[-1]))
+    assert lab.restart_failed_starts() == [worker.name]
+    assert lab.restart_failed_starts() == []  # the new one runs
+    wait = f"""
+import time, ray
+ray.init(address={lab.ray_address!r}, logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + 240
+while time.monotonic() < deadline:
+    if any(n["Alive"] and n["NodeManagerAddress"] == {worker.ip!r}
+           and n["NodeID"] not in {sorted(before)!r} for n in ray.nodes()):
+        break
+    time.sleep(0.5)
+else:
+    raise SystemExit("no new Ray node on {worker.ip}")
+"""
+    lab.python_in(lab.head, wait, timeout=300, check=True)
+
+
 def test_down_leaves_nothing_behind(lab: labmod.Lab):
     recorded = [rec for h in lab.hosts for rec in [*h.pids, h.keeper]]
     assert recorded
