@@ -44,7 +44,8 @@ def tiny_spec(name: str, **over: Any) -> dict[str, Any]:
         "model": dict(TINY_MODEL),
         "training": {"steps": 6, "micro_batch_size": 2, "lr": 0.01},
         "checkpoint": {"enabled": True, "every_steps": 2, "async_save": False},
-        "fault_tolerance": {"max_failures": 1, "init_timeout_s": 60, "collective_timeout_s": 30},
+        # start and first step within 180 s: cold workers import torch on a loaded host
+        "fault_tolerance": {"max_failures": 1, "init_timeout_s": 180, "collective_timeout_s": 30},
     }
     for key, value in over.items():
         if key not in ("parallelism", "model") and isinstance(value, dict) and isinstance(spec.get(key), dict):
@@ -101,11 +102,18 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 @pytest.fixture()
 def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
-    # No spare controller: each runtime would start one more controller process than its
-    # jobs use (test_spare_controllers.py keeps one and tests them).
-    return Settings(data_dir=tmp_path, ray_address=ray_cluster.address,
-                    cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
-                    allow_fault_injection=True, spare_controllers=0)
+    return package_settings(tmp_path, ray_cluster)
+
+
+def package_settings(tmp_path: Path, ray_cluster: Cluster, **overrides: Any) -> Settings:
+    """The package's settings (a module's `settings` fixture may override some). No spare
+    controller: each runtime would start one more controller process than its jobs use
+    (test_spare_controllers.py keeps one and tests them)."""
+    fields: dict[str, Any] = dict(
+        data_dir=tmp_path, ray_address=ray_cluster.address,
+        cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
+        allow_fault_injection=True, spare_controllers=0)
+    return Settings(**(fields | overrides))
 
 
 @pytest.fixture()

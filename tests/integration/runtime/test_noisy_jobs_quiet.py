@@ -42,4 +42,7 @@ def test_healthy_noisy_jobs_stay_quiet_and_leave_their_node_healthy(runtime, sto
     for node in nodes:
         health = store.get_node_health(node)
         assert health is None or health.state == NodeState.HEALTHY, health
-    assert len(store.list_metrics(jobs[0])) > 2 * 60  # the reporting job's steps
+    # The reporting job trained side by side with the other for over 30 s (its step count
+    # depends on the host's load; the span of its steps does not).
+    times = [m.time for m in store.list_metrics(jobs[0], rank=0)]
+    assert len(times) > 30 and max(times) - min(times) > 30, (len(times), times[:3], times[-3:])

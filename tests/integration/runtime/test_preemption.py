@@ -15,21 +15,19 @@ from ray.cluster_utils import Cluster
 from orchestrator.lifecycle import AttemptState, JobState, Reason
 from orchestrator.settings import Settings
 from tests.integration.runtime.conftest import (
+    package_settings,
     submit,
     tiny_spec,
     wait_for,
     wait_state,
-    write_cluster_file,
 )
 from tests.integration.runtime.usercode_helpers import USER_CODE, user_spec
 
 
 @pytest.fixture()
 def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
-    # the package's settings, with no minimum run time before a job may be preempted
-    return Settings(data_dir=tmp_path, ray_address=ray_cluster.address,
-                    cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
-                    allow_fault_injection=True, spare_controllers=0, preempt_min_run_s=0)
+    # no minimum run time before a job may be preempted
+    return package_settings(tmp_path, ray_cluster, preempt_min_run_s=0)
 
 
 def test_a_low_priority_job_is_preempted_checkpoints_and_resumes(runtime, store):

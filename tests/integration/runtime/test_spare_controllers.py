@@ -22,20 +22,18 @@ from orchestrator.runtime.events import (
 from orchestrator.runtime.poller import sweep_orphans
 from orchestrator.settings import Settings
 from tests.integration.runtime.conftest import (
+    package_settings,
     submit,
     tiny_spec,
     wait_for,
     wait_state,
-    write_cluster_file,
 )
 
 
 @pytest.fixture()
 def settings(tmp_path, ray_cluster) -> Settings:
     """The package's settings with the default spare controller kept."""
-    return Settings(data_dir=tmp_path, ray_address=ray_cluster.address,
-                    cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
-                    allow_fault_injection=True, spare_controllers=1)
+    return package_settings(tmp_path, ray_cluster, spare_controllers=1)
 
 
 def _spares_in_ray() -> set[str]:
