@@ -56,11 +56,13 @@ class Service:
             cmd += ["--steps", str(steps)]
         spec = {"name": f"user-{scenario}-{culprit}", "parallelism": {"dp_replicate": world},
                 "resources": {"cpus_per_worker": 0.25, "device": "cpu"},
-                "fault_tolerance": {"max_failures": max_failures, "init_timeout_s": 60,
+                # 180 s before the first step: three ranks importing torch on a loaded host
+                # took over 60 s (and were rightly reported blocked at `import torch`)
+                "fault_tolerance": {"max_failures": max_failures, "init_timeout_s": 180,
                                     "collective_timeout_s": 60},
                 "entrypoint": {"command": cmd, "working_dir": self.package},
-                "watchdog": {"stall_timeout_s": 3, "first_step_timeout_s": 60, "action": "fail",
-                             **watchdog}}
+                "watchdog": {"stall_timeout_s": 3, "first_step_timeout_s": 180,
+                             "action": "fail", **watchdog}}
         r = self.client.post("/v1/jobs", json=spec, headers=self.auth)
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
@@ -68,7 +70,7 @@ class Service:
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self.client.get(f"/v1/jobs/{job_id}", headers=self.auth).json())
 
-    def wait_terminal(self, job_id: str, timeout_s: float = 180) -> dict[str, Any]:
+    def wait_terminal(self, job_id: str, timeout_s: float = 300) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             job = self.job(job_id)
