@@ -96,6 +96,9 @@ def test_a_confined_root_process_reaches_nothing_outside_its_job(world: dict[str
             "fifo in run dir": _outcome(lambda: os.mkfifo(run / "f")),
             "write tmp": _outcome(lambda: Path("/tmp/x").write_text("x")),
             "unmount": _outcome(lambda: _unmount(str(hidden))),
+            # undoing the reservation of the closed ports would break other jobs' listeners
+            "unreserve ports": _outcome(lambda: Path(
+                "/proc/sys/net/ipv4/ip_local_reserved_ports").write_text("\n")),
         }
 
     try:
@@ -119,6 +122,7 @@ def test_a_confined_root_process_reaches_nothing_outside_its_job(world: dict[str
     assert got["write data"] in ("PermissionError", "OSError")  # read-only bind: EROFS
     assert got["write own"] == got["read data"] == got["write tmp"] == "reached"
     assert got["unmount"] == "PermissionError"
+    assert got["unreserve ports"] == "PermissionError", got["unreserve ports"]
     assert (run / "tmp" / "x").read_text() == "x"  # the job's /tmp is its tmp dir
     assert not Path("/etc/meshyard-confine-test").exists()
     assert not (data / "pwn").exists()
