@@ -191,9 +191,11 @@ class HangMonitor:
     def _advance(self, rank: int, completed: int, now_s: float) -> None:
         st = self._ranks.setdefault(rank, _Rank())
         if st.step is None or completed > st.step:
+            # every step counts towards the next straggler probe, also those made between
+            # two polls (a loaded controller polls less often than the ranks step)
+            self._probe_steps += 1 if st.step is None else completed - st.step
             st.step, st.step_changed_s = completed, now_s
             self._reported_episode = False  # progress: a new stall is a new episode
-            self._probe_steps += 1
 
     @property
     def progress(self) -> str:

@@ -72,6 +72,12 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes(runtime, store)
 TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
+# Attempt 1 takes a second a step, so the jobs' estimated ends are minutes away when the
+# priority job arrives and the scheduler preempts rather than waits for them (it waits for a
+# job that ends within scheduler.PREEMPT_IF_LATER_S); attempt 2 runs at full speed.
+_STEPS = 150
+
+
 def _user_job(tmp_path: Path, name: str, *, obey: bool, grace_s: float) -> dict:
     # The code from a path every node reads, not an uploaded package: on this simulated
     # cluster the nodes share one disk, and a resumed attempt whose ranks land on both nodes
@@ -79,7 +85,8 @@ def _user_job(tmp_path: Path, name: str, *, obey: bool, grace_s: float) -> dict:
     code = tmp_path / f"code-{name}"
     shutil.copytree(USER_CODE / "preemptible", code)
     return user_spec(name, {"function": "train:loop", "working_dir": str(code),
-                            "config": {"steps": 30, "every": 2, "pace": 1.0, "obey": obey}},
+                            "config": {"steps": _STEPS, "every": 2, "pace": 1.0,
+                                       "obey": obey}},
                      resources={"cpus_per_worker": 0.25, "device": "auto"},
                      preemption={"grace_s": grace_s})
 
@@ -112,7 +119,7 @@ def test_script_jobs_stop_on_should_stop_or_are_killed_after_their_grace(runtime
             for e in store.list_events(job_id)]
         points = [(m.attempt, m.step, m.loss) for m in store.list_metrics(job_id, rank=0)]
         assert all(loss == s * (s + 1) for _, s, loss in points), points
-        assert max(s for _, s, _ in points) == 30
+        assert max(s for _, s, _ in points) == _STEPS
         assert {a for a, _, _ in points} == {1, 2}
 
     def resumed_at(job_id: str) -> int:

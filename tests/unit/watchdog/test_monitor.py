@@ -154,6 +154,16 @@ def test_probe_needs_time_and_steps_and_no_stall() -> None:
     assert not m.probe_due(40.0)
 
 
+def test_probe_counts_the_steps_made_between_two_polls() -> None:
+    """A loaded controller polls less often than the ranks step: 9 steps seen in 3 polls
+    count as 9 per rank (the probe needs 8 x 2 ranks), as if every step had been seen."""
+    m = _mon(stall_timeout_s=100)
+    assert not m.probe_due(0.0)
+    for i in (1, 5, 9):
+        _steps(m, float(i) / 3, i)
+    assert m.probe_due(6.0)
+
+
 def test_actions() -> None:
     straggler = _report(Verdict.STRAGGLER)
     hang = _report(Verdict.NOT_JOINED)
