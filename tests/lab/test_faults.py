@@ -8,14 +8,18 @@ events every half second; the tests wait on that log with generous bounds."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deploy.lab import lab as labmod
+from orchestrator.lifecycle import FAILURE_REASONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -55,6 +59,30 @@ _SPEC = {"version": 1, "name": "lab-fault",
          "fault_tolerance": {"max_failures": 1}}
 
 
+def _start_serve(lab: labmod.Lab) -> None:
+    """`meshyard serve` on the control plane's host (its database on that host's disk)."""
+    cp = lab.hosts[3]
+    lab.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip,
+                      "--port", str(PORT), "--data-dir", f"{labmod.RUN_DIR}/meshyard",
+                      "--ray-address", lab.ray_address, "--no-access-log"],
+                 log="serve.log", env={"MESHYARD_ADMIN_TOKEN": TOKEN,
+                                       "MESHYARD_WARM_POOL_USER_CODE": "0"})
+    lab.wait_port(cp, PORT, timeout=180)
+
+
+def _serve_pids(lab: labmod.Lab) -> set[int]:
+    """The control plane's host's `meshyard serve` processes."""
+    out = set()
+    for pid in lab.host_pids(lab.hosts[3]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/meshyard") for a in argv[:2]) and b"serve" in argv:
+            out.add(pid)
+    return out
+
+
 @pytest.fixture(scope="module")
 def lab() -> Iterator[labmod.Lab]:
     why = labmod.lab_available()
@@ -65,12 +93,7 @@ def lab() -> Iterator[labmod.Lab]:
         cp = built.hosts[3]
         built.start_ray(cp, cpus=0, gpus=0)
         built.wait_nodes(4)
-        built.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip,
-                            "--port", str(PORT), "--data-dir", f"{labmod.RUN_DIR}/meshyard",
-                            "--ray-address", built.ray_address, "--no-access-log"],
-                       log="serve.log", env={"MESHYARD_ADMIN_TOKEN": TOKEN,
-                                             "MESHYARD_WARM_POOL_USER_CODE": "0"})
-        built.wait_port(cp, PORT, timeout=180)
+        _start_serve(built)
         yield built
     finally:
         left = labmod.down()
@@ -188,3 +211,37 @@ def test_partition_is_diagnosed_unreachable_naming_the_host_and_the_job_resumes_
         lab.kill_host(victim)
         lab.start_ray(victim)
         lab.wait_nodes(4)
+
+
+def test_control_plane_killed_and_restarted_on_its_host_loses_nothing_and_the_job_trains_on(
+        lab: labmod.Lab):
+    """`meshyard serve` killed -9 on its own host mid-training and started again there: the
+    job trains on through the outage in its first attempt (its controller is a detached Ray
+    actor on the cluster), the new control plane reattaches to it, and every step's metrics
+    row reaches the database once, those reported while no control plane ran included."""
+    w = Watch(lab, "watch-cp.log")
+    ranks = w.wait("attempt 1 training", lambda w: _training(w, 1, 20), timeout=300)
+    pids = _serve_pids(lab)
+    assert pids, "no meshyard serve process found on the control plane's host"
+    at_kill, t0 = max(r[2] for r in ranks), time.time()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _serve_pids(lab) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _serve_pids(lab), "meshyard serve survived SIGKILL"
+    assert not lab.tcp_connects(lab.head, lab.hosts[3].ip, PORT), "the API still answers"
+    _start_serve(lab)
+    print(f"control plane restart: serving again {time.time() - t0:.1f} s after the kill")
+    after = w.wait("attempt 1 training on after the restart",
+                   lambda w: _training(w, 1, at_kill + 40), timeout=300)
+    assert {r[3] for r in after} == {1}
+    assert w.client("[a.state for a in c.attempts(JOB).items]") == ["RUNNING"]
+    failures = {r.value for r in FAILURE_REASONS}
+    assert not [e for e in w.events() if e["reason"] in failures], w.events()
+    w.client("c.cancel(JOB).state.value")
+    w.wait("the job cancelled", lambda w: w.states() and w.states()[-1]["state"] == "CANCELLED",
+           timeout=120)
+    steps = w.client("[m.step for m in c.metrics(JOB, rank=0).items]")
+    assert steps == list(range(1, len(steps) + 1)), steps  # every step once: none lost
+    assert len(steps) >= at_kill + 40
