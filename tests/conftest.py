@@ -111,13 +111,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda it: (rank[Path(str(it.path)).parent], first[Path(str(it.path)).parent]))
 
 
-# Test files whose modules share a package-scoped Ray cluster, by path prefix -> group. Under
-# `make test` (--dist loadfile) a group goes to one xdist worker as one unit, as a module
-# does, so its cluster starts once in the run instead of once in each worker.
+# Test files whose modules share a package-scoped Ray cluster, or a machine-wide resource that
+# only one of them may hold at a time, by path prefix -> group. Under `make test` (--dist
+# loadfile) a group goes to one xdist worker as one unit, as a module does: its cluster
+# starts once in the run instead of once in each worker, and its modules run one after the
+# other.
 SHARED_CLUSTERS = {
     "tests/integration/runtime/": "runtime-cluster",  # its conftest's ray_cluster
     "tests/integration/watchdog/test_runtime_hangs.py": "watchdog-ray",  # its conftest's
     "tests/integration/watchdog/test_user_hangs.py": "watchdog-ray",
+    # one lab a machine (deploy/lab: its bridge, namespaces and state dir have fixed names);
+    # each module brings its own up and down
+    "tests/lab/": "lab",
 }
 
 

@@ -108,6 +108,7 @@ def test_submitted_job_runs_to_success_live(page: Any, server: Server,
                            "?.dataset.points) === 150")
     assert page.locator("#chart-lr svg").get_attribute("data-points") == "150"
     assert page.locator("#chart-grad svg").get_attribute("data-points") == "150"
+    page.locator(".pm-gpu.used").nth(1).wait_for()  # the placement map draws after its fetch
     assert page.locator(".pm-gpu.used").count() == 2  # CPU ranks drawn as slots of their node
     page.locator("#events li").filter(has_text="FIRST_STEP").first.wait_for()
     page.locator("#log-tail").filter(has_text="[0]").wait_for()
