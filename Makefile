@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # fixtures start once), taking modules in the order tests/conftest.py sorts them: the folders
 # with the longest tests first, the unit tests last to fill in. The modules that share a
 # package's Ray cluster go to one worker together (tests/conftest.py, SHARED_CLUSTERS), so
-# that cluster starts once in the run.
+# that cluster starts once in the run; so do the lab's modules (one lab a machine).
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
