@@ -1,4 +1,8 @@
-"""A Ray Train program whose training function raises on every rank."""
+"""A Ray Train program whose training function raises on every rank, after each rank has
+made one report (the barrier: no rank raises, and ends the job, before the others
+reported)."""
+
+import torch.distributed as dist
 
 import meshyard.train as train
 from meshyard.train import ScalingConfig
@@ -7,6 +11,7 @@ from meshyard.train.torch import TorchTrainer
 
 def train_func(config):
     train.report({"loss": 1.0})
+    dist.barrier()
     raise ValueError(f"bad learning rate {config['lr']}")
 
 
