@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers, one test module at a time each (a module's
 # fixtures start once), taking modules in the order tests/conftest.py sorts them: the folders
 # with the longest tests first, the unit tests last to fill in. The modules that share a
-# package's Ray cluster go to one worker together (tests/conftest.py, SHARED_CLUSTERS), so
+# package's Ray cluster go to one worker together (tests/conftest.py, XDIST_GROUPS), so
 # that cluster starts once in the run; so do the lab's modules (one lab a machine).
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 

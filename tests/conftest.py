@@ -100,7 +100,7 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Folders with the longest tests first; each folder's modules, and each module's tests,
     kept together and in order, so a run that fails on a slow module says so early. `make
-    test` hands whole modules, or the groups of modules in SHARED_CLUSTERS, to its two xdist
+    test` hands whole modules, or the groups of modules in XDIST_GROUPS, to its two xdist
     workers in this order."""
     first: dict[Path, int] = {}
     rank: dict[Path, int] = {}
@@ -116,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # loadfile) a group goes to one xdist worker as one unit, as a module does: its cluster
 # starts once in the run instead of once in each worker, and its modules run one after the
 # other.
-SHARED_CLUSTERS = {
+XDIST_GROUPS = {
     "tests/integration/runtime/": "runtime-cluster",  # its conftest's ray_cluster
     "tests/integration/watchdog/test_runtime_hangs.py": "watchdog-ray",  # its conftest's
     "tests/integration/watchdog/test_user_hangs.py": "watchdog-ray",
@@ -127,15 +127,15 @@ SHARED_CLUSTERS = {
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit `make test` gives one worker: a SHARED_CLUSTERS group, else the test file."""
+    """The unit `make test` gives one worker: an XDIST_GROUPS group, else the test file."""
     path = nodeid.split("::", 1)[0]
-    return next((group for prefix, group in SHARED_CLUSTERS.items()
+    return next((group for prefix, group in XDIST_GROUPS.items()
                  if path.startswith(prefix)), path)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """--dist loadfile, with the files of a SHARED_CLUSTERS group kept together (xdist's
+    """--dist loadfile, with the files of an XDIST_GROUPS group kept together (xdist's
     own --dist loadgroup reads xdist_group marks from a node id suffix that pytest 9's node
     ids no longer carry, so it spreads a group's tests over both workers)."""
     if config.getvalue("dist") != "loadfile":

@@ -8,7 +8,7 @@ cluster owned by this process: the end of every module disconnects this process 
 injection and a pool without prestarted rank processes for one, the REST service with the
 default pool for the other) and stops it; the Runtime's stop drains its warm pool, so the
 next module fills its own. Under `make test` both modules go to the same xdist worker
-(tests/conftest.py, SHARED_CLUSTERS), so the cluster starts once in the run.
+(tests/conftest.py, XDIST_GROUPS), so the cluster starts once in the run.
 """
 
 from __future__ import annotations
