@@ -76,6 +76,7 @@ class Plan:
     hide: tuple[str, ...] = ()
     denied_ports: tuple[int, ...] = ()
     devices: tuple[str, ...] = DEVICES
+    write_dirs: tuple[str, ...] = ()  # more writable dirs (the job's checkpoint storage)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -208,7 +209,7 @@ def _mounts(plan: Plan, report: Report) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
     try:
-        keep = {p: os.open(p, flags) for p in (plan.run_dir, *plan.code_dirs)}
+        keep = {p: os.open(p, flags) for p in (plan.run_dir, *plan.write_dirs, *plan.code_dirs)}
         tmp = os.open(plan.tmp_dir, flags)
         shm = os.open(plan.shm_dir, flags) if plan.shm_dir else None
     except OSError as exc:
@@ -220,7 +221,7 @@ def _mounts(plan: Plan, report: Report) -> None:
         _hide(plan.hide, report)
         for path, fd in keep.items():
             if not _same(fd, path):
-                _bind(fd, path, read_only=path != plan.run_dir)
+                _bind(fd, path, read_only=path not in (plan.run_dir, *plan.write_dirs))
                 report.steps.append(f"bound {path}")
     finally:
         for fd in (*keep.values(), tmp, *([shm] if shm is not None else [])):
@@ -342,9 +343,11 @@ def port_ruleset(denied: Iterable[int], *, version: int | None = None,
 def _file_ruleset(plan: Plan) -> ll.Ruleset:
     rs = ll.Ruleset(fs=ll.FS_ALL, scoped=ll.SCOPE_SIGNAL)
     rs.allow_path("/", ll.FS_READ)
-    rs.allow_path(plan.run_dir, WRITE)
+    writable = (plan.run_dir, *plan.write_dirs)
+    for path in writable:
+        rs.allow_path(path, WRITE)
     # Rules add up along a path: a run dir that lies under /tmp would get /tmp's links.
-    under_tmp = plan.run_dir == "/tmp" or plan.run_dir.startswith("/tmp/")
+    under_tmp = any(p == "/tmp" or p.startswith("/tmp/") for p in writable)
     rs.allow_path("/tmp", WRITE if under_tmp else TMP_WRITE)
     if os.path.isdir("/dev/shm"):
         rs.allow_path("/dev/shm", WRITE)

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from orchestrator.admission.access import Policy, Role
 from orchestrator.admission.quotas import Quota
 from orchestrator.isolation.modes import IsolationMode, JobConfinement
+from orchestrator.isolation.runfiles import checkpoint_place
 from orchestrator.nodes.health_policy import HealthPolicy
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -32,8 +33,15 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default=Path(".meshyard"), description="State, logs, run dirs.")
     runs_dir: Path | None = Field(
-        default=None, description="Where jobs' run dirs (logs, checkpoints, evidence) go; default "
-        "<data dir>/runs. Outside the data dir when jobs run as another OS user.")
+        default=None, description="Where jobs' run dirs (logs, evidence, and checkpoints "
+        "without checkpoint_storage) go; default <data dir>/runs. Outside the data dir when "
+        "jobs run as another OS user.")
+    checkpoint_storage: Path | None = Field(
+        default=None, description="A directory every host of the Ray cluster mounts at this "
+        "path (NFS, a parallel filesystem): each job's checkpoints go to <it>/<job id>/, where "
+        "a restart on other hosts finds them. Unset: under each job's run dir, on the disk of "
+        "the host a rank runs on; a job whose ranks land on more than one host then does not "
+        "start while it keeps checkpoints.")
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/meshyard.db"
     )
@@ -205,6 +213,11 @@ class Settings(BaseSettings):
     def resolved_runs_dir(self) -> Path:
         return self.runs_dir or self.data_dir / "runs"
 
+    def checkpoint_place(self, job_id: str) -> tuple[Path, Path]:
+        """Where job `job_id` keeps its checkpoints (one folder per step): `checkpoint_place`."""
+        return checkpoint_place(job_id, runs_dir=Path(self.resolved_runs_dir).resolve(),
+                                storage=self.checkpoint_storage)
+
     @property
     def datasets_dir(self) -> Path:
         return self.data_dir / "datasets"
@@ -238,6 +251,7 @@ class Settings(BaseSettings):
         closed (orchestrator/isolation/modes.py)."""
         data = self.data_dir.resolve()
         hide = [data, Path(self.resolved_runs_dir).resolve(), self.packages_dir.resolve(),
+                *([self.checkpoint_storage.resolve()] if self.checkpoint_storage else []),
                 *(Path(p).resolve() for p in self.hide_paths)]
         listening = self.port if api_port is None else api_port
         ports = {listening} if listening > 0 else set()

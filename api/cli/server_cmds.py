@@ -23,6 +23,10 @@ def serve_cmd(
     database_url: DatabaseUrlOpt = None,
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster.")] = None,
     cluster_file: Annotated[Path | None, typer.Option(help="Declared topology YAML.")] = None,
+    checkpoint_storage: Annotated[Path | None, typer.Option(
+        help="A directory every host mounts at this path (NFS, a parallel filesystem), where "
+        "jobs keep their checkpoints [env MESHYARD_CHECKPOINT_STORAGE; default: each job's run "
+        "dir, on the host a rank runs on].")] = None,
     allow_fault_injection: Annotated[bool | None, typer.Option(
         "--allow-fault-injection", help="Accept inject_fault blocks (tests, demos).")] = None,
     no_scheduler: Annotated[bool, typer.Option(
@@ -36,6 +40,7 @@ def serve_cmd(
 
     settings = settings_from(host=host, port=port, data_dir=data_dir, database_url=database_url,
                              ray_address=ray_address, cluster_file=cluster_file,
+                             checkpoint_storage=checkpoint_storage,
                              allow_fault_injection=allow_fault_injection,
                              scheduler_enabled=False if no_scheduler else None)
     serve(settings, demo=demo, access_log=access_log)

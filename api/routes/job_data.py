@@ -200,9 +200,9 @@ def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
                         attempt: Annotated[int, Path(ge=1, le=INT32_MAX)],
                         step: Annotated[int, Path(ge=0, le=INT32_MAX)]) -> StreamingResponse:
     """One complete checkpoint (GET .../checkpoints lists them) as a tar of its folder, read
-    only from inside the job's own run dir, never through a link (a link or a special file
-    anywhere in it refuses the download), at most MAX_CHECKPOINT_FILES files and
-    MAX_CHECKPOINT_DOWNLOAD_BYTES."""
+    only from inside the job's own run dir or checkpoint storage folder, never through a link
+    (a link or a special file anywhere in it refuses the download), at most
+    MAX_CHECKPOINT_FILES files and MAX_CHECKPOINT_DOWNLOAD_BYTES."""
     found = next((c for c in store.list_checkpoints(job.id)
                   if c.attempt == attempt and c.step == step), None)
     if found is None:
@@ -212,6 +212,10 @@ def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
         raise NotFound(f"the checkpoint of step {step} was pruned from disk "
                        "(checkpoint.keep); a newer one is kept")
     run_dir = FsPath(settings.resolved_runs_dir).resolve() / job.id
+    if settings.checkpoint_storage is not None:  # on the shared storage, where it was written
+        stored = settings.checkpoint_storage.resolve() / job.id
+        if FsPath(found.path).is_relative_to(stored):
+            run_dir = stored
     try:
         files = runfiles.walk_files(run_dir, found.path, max_files=MAX_CHECKPOINT_FILES)
     except runfiles.UnsafePath as exc:

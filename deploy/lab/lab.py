@@ -9,6 +9,9 @@ and by recorded PID, so it also cleans up after a crashed `up()` or test run:
   host disk     a tmpfs mounted on RUN_DIR inside the host's own mount namespace (held by a
                 `sleep` keeper process that also owns its UTS namespace, hostname myl-h<i>):
                 what one host writes under RUN_DIR the others, and the root namespace, never see
+  storage       a tmpfs on STORAGE_DIR in the root namespace, mounted before the hosts are made,
+                so every host sees the same one at the same path: the cluster's shared
+                checkpoint storage, as an NFS mount is on a real cluster
   /etc/hosts    bind-mounted in each host's mount namespace: every lab host's name and address
   nvidia-smi    a stand-in on the host's PATH that prints a real `nvidia-smi topo -m` capture
   Ray           deploy/baremetal/ray-node.sh, head on host 1, workers on the others, with the
@@ -48,6 +51,8 @@ SUBNET = "198.18.0"  # RFC 2544 benchmarking range: never routed anywhere
 STATE_DIR = Path(f"/tmp/{PREFIX}lab")
 RUN_DIR = f"/tmp/{PREFIX}run"  # the mount point of every host's private disk
 RUN_DISK_SIZE = "1g"
+STORAGE_DIR = f"/tmp/{PREFIX}storage"  # every host's shared storage (checkpoints)
+STORAGE_SIZE = "256m"
 RAY_PORT = 6380  # inside the head's own network namespace: nothing else listens there
 
 REPO = Path(__file__).resolve().parents[2]
@@ -284,6 +289,19 @@ class Lab:
                 _sh([*tc, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                      "burst", burst, "latency", latency])
 
+    def fill_disk(self, host: str | Host, path: str) -> int:
+        """Fill the filesystem of `path` as seen from `host` (its private RUN_DIR disk, or the
+        shared STORAGE_DIR) to 100 % with one file, `<path>/.lab-fill`; returns its bytes.
+        `free_disk` removes it."""
+        fill = f"{path}/.lab-fill"
+        self.run_in(host, ["sh", "-c", f"dd if=/dev/zero of={shlex.quote(fill)} bs=1M "
+                           "status=none 2>/dev/null; sync"], timeout=120)
+        out = self.run_in(host, ["stat", "-c", "%s", fill], check=True).stdout
+        return int(out.strip())
+
+    def free_disk(self, host: str | Host, path: str) -> None:
+        self.run_in(host, ["rm", "-f", f"{path}/.lab-fill"], check=True)
+
     def host_pids(self, host: str | Host) -> set[int]:
         """Every live process of the host but its keeper: recorded ones and every process in
         its network namespace (Ray's raylet, workers, and what they started)."""
@@ -474,7 +492,8 @@ def up(n: int = 2, *, ray: bool = True, plain: int = 0,
     total = n + plain
     if not 1 <= total <= MAX_HOSTS:
         raise LabError(f"1 to {MAX_HOSTS} hosts, not {total}")
-    if BRIDGE in lab_links() or lab_netns() or (STATE_DIR / "state.json").exists():
+    if (BRIDGE in lab_links() or lab_netns() or (STATE_DIR / "state.json").exists()
+            or _mounted(STORAGE_DIR)):
         raise LabError(f"a lab is already up ({BRIDGE}, {PREFIX}* namespaces or "
                        f"{STATE_DIR}); remove it with `make lab-down`")
     hosts = []
@@ -488,6 +507,9 @@ def up(n: int = 2, *, ray: bool = True, plain: int = 0,
     try:
         lab.save()
         Path(RUN_DIR).mkdir(exist_ok=True)
+        Path(STORAGE_DIR).mkdir(exist_ok=True)
+        _sh(["mount", "-t", "tmpfs", "-o", f"size={STORAGE_SIZE},mode=1777",
+             f"{PREFIX}storage", STORAGE_DIR])
         (STATE_DIR / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{h.ip} {h.name}\n" for h in hosts))
         _sh(["ip", "link", "add", BRIDGE, "type", "bridge"])
@@ -509,6 +531,11 @@ def up(n: int = 2, *, ray: bool = True, plain: int = 0,
         down()
         raise
     return lab
+
+
+def _mounted(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
 
 
 def _kill_all(recs: Iterable[tuple[int, int]], netns: Iterable[str], wait_s: float) -> None:
@@ -543,11 +570,15 @@ def down(wait_s: float = 15.0) -> list[str]:
         _sh(["ip", "link", "del", link], check=False)
     if STATE_DIR.exists():
         _sh(["rm", "-rf", "--one-file-system", str(STATE_DIR)], check=False)
-    with contextlib.suppress(OSError):  # not there, or not empty: reported below
-        os.rmdir(RUN_DIR)
+    if _mounted(STORAGE_DIR):  # the hosts' copies went with their keepers
+        _sh(["umount", STORAGE_DIR], check=False)
+    for mount_point in (RUN_DIR, STORAGE_DIR):
+        with contextlib.suppress(OSError):  # not there, or not empty: reported below
+            os.rmdir(mount_point)
     left = [f"netns {ns}" for ns in lab_netns()] + [f"link {ln}" for ln in lab_links()]
     left += [f"pid {p}" for p, s in recs if _start_time(p) == s]
-    left += [f"path {p}" for p in (STATE_DIR, Path(RUN_DIR)) if p.exists()]
+    left += [f"path {p}" for p in (STATE_DIR, Path(RUN_DIR), Path(STORAGE_DIR)) if p.exists()]
+    left += [f"mount {STORAGE_DIR}"] if _mounted(STORAGE_DIR) else []
     return left
 
 

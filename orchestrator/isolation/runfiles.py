@@ -259,3 +259,18 @@ def plain_loads(data: bytes) -> Any:
     """Unpickles dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None, and
     refuses any class or function (pickle.UnpicklingError)."""
     return _Plain(io.BytesIO(data)).load()
+
+
+def checkpoint_place(job_id: str, *, runs_dir: Path, storage: Path | None) -> tuple[Path, Path]:
+    """A job's checkpoint folder as (a folder no job writes, the rest of the path): on the
+    cluster's shared checkpoint storage `(<storage>, <job id>)`, else `(<runs dir>, <job
+    id>/checkpoints)` (a disk of the host each rank runs on). Files in it are opened beneath
+    the first part, never through a link in the second (the functions above)."""
+    if storage is not None:
+        return Path(storage).resolve(), Path(job_id)
+    return Path(runs_dir), Path(job_id) / "checkpoints"
+
+
+def checkpoint_root(job_id: str, *, runs_dir: Path, storage: Path | None) -> Path:
+    anchor, rel = checkpoint_place(job_id, runs_dir=runs_dir, storage=storage)
+    return anchor / rel

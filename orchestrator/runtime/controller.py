@@ -31,9 +31,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from orchestrator.isolation.runfiles import checkpoint_place
 from orchestrator.lifecycle import RankState, Reason
 from orchestrator.runtime.attempt_outcome import failed_outcome
 from orchestrator.runtime.checkpoint_seed import SeedError, seed_checkpoint
+from orchestrator.runtime.checkpoint_storage import host_local_checkpoints
 from orchestrator.runtime.events import (
     NAMESPACE,
     PHASE_ORDER,
@@ -123,7 +125,7 @@ class AttemptController:
     def _configure(self, config: AttemptConfig) -> None:
         self._user_code = config.spec.kind is SpecKind.USER_CODE
         self._checkpoints = ReportedCheckpoints(
-            root=Path(config.run_dir) / "checkpoints", world_size=config.world_size,
+            root=Path(config.checkpoint_root), world_size=config.world_size,
             attempt=config.attempt) if self._user_code else None
         self.cfg = config
 
@@ -231,6 +233,14 @@ class AttemptController:
             gang.kill()
             self._finish(Cancelled(message="cancelled while starting workers"))
             return
+        refused = host_local_checkpoints(
+            enabled=self.config.spec.checkpoint.enabled,
+            shared=self.config.checkpoint_dir is not None, root=self.config.checkpoint_root,
+            ips={r.rank: r.ip for r in ranks})
+        if refused is not None:
+            gang.kill()
+            self._finish(Failed(reason=Reason.SETUP_ERROR, message=refused, blame=Blame.USER))
+            return
         with self._ranks_lock:
             self._ranks = {r.rank: r for r in ranks}
         self.log.emit(WorkersReady(ranks=ranks, master=gang.master))
@@ -244,7 +254,16 @@ class AttemptController:
         if self.config.attempt != 1 or self.config.spec.checkpoint.resume_from is None:
             return True
         try:
-            copied = seed_checkpoint(self.config.spec, run_dir=self.config.run_dir)
+            cfg = self.config
+            source = cfg.spec.checkpoint.resume_from.job  # type: ignore[union-attr]
+            runs = Path(cfg.run_dir).parent
+            storage = Path(cfg.checkpoint_dir).parent if cfg.checkpoint_dir else None
+            into = checkpoint_place(cfg.job_id, runs_dir=runs, storage=storage)
+            # on the checkpoint storage; under its run dir if it ran before there was one
+            src = checkpoint_place(source, runs_dir=runs, storage=storage)
+            if not (src[0] / src[1]).is_dir():
+                src = checkpoint_place(source, runs_dir=runs, storage=None)
+            copied = seed_checkpoint(cfg.spec, into=into, source=src)
         except (SeedError, OSError) as exc:
             text = str(exc) if isinstance(exc, SeedError) else (
                 f"checkpoint.resume_from: the checkpoint could not be copied: {exc}")

@@ -135,6 +135,13 @@ class AttemptConfig:
     link_figures: LinkFigures | None = None  # calibrated figures (None: the defaults)
     # What user code's ranks are confined to (orchestrator/isolation/modes.py); None: nothing.
     confinement: JobConfinement | None = None
+    # The job's checkpoint folder on the cluster's shared checkpoint storage, which every host
+    # mounts; None: `<run_dir>/checkpoints`, on the disk of the host each rank runs on.
+    checkpoint_dir: str | None = None
+
+    @property
+    def checkpoint_root(self) -> str:
+        return self.checkpoint_dir or f"{self.run_dir}/checkpoints"
 
     @property
     def pg_name(self) -> str:

@@ -174,7 +174,7 @@ class GangStart:
                 local_gpus=gpus if len(gpus) == len(peers) else (),
                 preflight_links=links.get(r, {}), preflight_port=self.preflight_port,
                 visible_gpus=self._visible.get(self._bundle_of[r]),
-                confinement=cfg.confinement,
+                confinement=cfg.confinement, checkpoint_dir=cfg.checkpoint_dir,
                 package_uri=cfg.package_uri if self._bundle_of[r] in self._pooled_bundles
                 else None,
                 dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,

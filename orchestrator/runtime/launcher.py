@@ -15,6 +15,7 @@ from pathlib import Path
 from ray.util.placement_group import placement_group
 
 from orchestrator.isolation.modes import JobConfinement
+from orchestrator.isolation.runfiles import checkpoint_root
 from orchestrator.lifecycle import JobState, Reason
 from orchestrator.placement.gang_plan import GangPlan, PlanDevice
 from orchestrator.placement.links import LinkFigures
@@ -37,7 +38,8 @@ class AttemptLauncher:
                  near_node_id: str | None, use_pool: bool, usage_interval_s: float,
                  figures: Callable[[], LinkFigures | None], allow_fault_injection: bool,
                  packages_dir: Path | None, spares: SpareControllers | None,
-                 confinement: JobConfinement | None) -> None:
+                 confinement: JobConfinement | None,
+                 checkpoint_storage: Path | None = None) -> None:
         self.store = store
         self.runs_dir = runs_dir
         self.launching = launching  # jobs being launched now (the poller leaves them alone)
@@ -51,6 +53,9 @@ class AttemptLauncher:
         # What every rank of user code is confined to (orchestrator/isolation/modes.py); None:
         # nothing (trusted).
         self.confinement = confinement
+        # The cluster's shared checkpoint storage (Settings.checkpoint_storage); None: each
+        # job's checkpoints stay under its run dir.
+        self.checkpoint_storage = checkpoint_storage
 
     def try_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
                     snap: ClusterSnapshot, *, package_uri: str | None) -> bool:
@@ -123,4 +128,7 @@ class AttemptLauncher:
             init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
             cluster=cluster,
             use_pool=self.use_pool, usage_interval_s=self.usage_interval_s,
-            link_figures=self.figures(), confinement=self.confinement)
+            link_figures=self.figures(), confinement=self.confinement,
+            checkpoint_dir=str(checkpoint_root(job.id, runs_dir=self.runs_dir,
+                                               storage=self.checkpoint_storage))
+            if self.checkpoint_storage is not None else None)

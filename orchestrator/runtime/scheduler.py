@@ -113,7 +113,8 @@ class Scheduler:
                  health_policy: HealthPolicy | None = None,
                  spares: SpareControllers | None = None,
                  confinement: JobConfinement | None = None, preemption: bool = True,
-                 preempt_min_run_s: float = MIN_RUN_S) -> None:
+                 preempt_min_run_s: float = MIN_RUN_S,
+                 checkpoint_storage: Path | None = None) -> None:
         self.store = store
         self.health_policy = health_policy or HealthPolicy()
         self._quota_for = quota_for or (lambda owner: Quota())
@@ -138,7 +139,8 @@ class Scheduler:
             store=store, runs_dir=runs_dir.resolve(), launching=self.launching,
             near_node_id=near_node_id, use_pool=use_pool, usage_interval_s=usage_interval_s,
             figures=self._figures, allow_fault_injection=allow_fault_injection,
-            packages_dir=packages_dir, spares=spares, confinement=confinement)
+            packages_dir=packages_dir, spares=spares, confinement=confinement,
+            checkpoint_storage=checkpoint_storage)
 
     # -- the cluster now ------------------------------------------------------------------
     def snapshot(self, held: Sequence[tuple[Any, Sequence[GpuHold]]] | None = None

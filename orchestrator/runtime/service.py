@@ -277,6 +277,11 @@ class Runtime:
         t0 = time.perf_counter()
         runs = Path(self.settings.resolved_runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)  # before Ray starts: it stays open to jobs
+        storage = self.settings.checkpoint_storage
+        if storage is not None and not Path(storage).is_dir():
+            raise RuntimeError(f"the checkpoint storage {storage} is not a directory: mount it "
+                               "at this path on every host (and here), or unset "
+                               "MESHYARD_CHECKPOINT_STORAGE / --checkpoint-storage")
         confinement = self._check_isolation()  # forks a test child: before Ray's threads
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
@@ -293,7 +298,8 @@ class Runtime:
                                    health_policy=self.settings.health_policy(),
                                    confinement=confinement,
                                    preemption=self.settings.preemption,
-                                   preempt_min_run_s=self.settings.preempt_min_run_s)
+                                   preempt_min_run_s=self.settings.preempt_min_run_s,
+                                   checkpoint_storage=self.settings.checkpoint_storage)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
                         confinement=confinement)

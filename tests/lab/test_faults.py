@@ -1,6 +1,8 @@
 """Faults injected mid-training on the lab: a 2-rank built-in job across two of three Ray hosts,
-the control plane (`meshyard serve`) on a fourth host without Ray resources. Each test leaves
-the lab as it found it (a killed host's Ray is started again, a pulled link is put back).
+the control plane (`meshyard serve`) on a fourth host without Ray resources, its checkpoint
+storage the lab's shared storage (every host mounts it at one path, as NFS on a real cluster).
+Each test leaves the lab as it found it (a killed host's Ray is started again, a pulled link is
+put back).
 
 A client on the head submits the job and logs, as JSON lines, the job's state, ranks and new
 events every half second; the tests wait on that log with generous bounds."""
@@ -64,6 +66,7 @@ def _start_serve(lab: labmod.Lab) -> None:
     cp = lab.hosts[3]
     lab.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip,
                       "--port", str(PORT), "--data-dir", f"{labmod.RUN_DIR}/meshyard",
+                      "--checkpoint-storage", labmod.STORAGE_DIR,
                       "--ray-address", lab.ray_address, "--no-access-log"],
                  log="serve.log", env={"MESHYARD_ADMIN_TOKEN": TOKEN,
                                        "MESHYARD_WARM_POOL_USER_CODE": "0"})
@@ -103,11 +106,11 @@ def lab() -> Iterator[labmod.Lab]:
 class Watch:
     """The head's client: submits the job and logs what it sees."""
 
-    def __init__(self, lab: labmod.Lab, log: str) -> None:
+    def __init__(self, lab: labmod.Lab, log: str, spec: dict[str, Any] = _SPEC) -> None:
         self.lab, self.path = lab, lab.head.dir / log
         self.url = f"http://{lab.hosts[3].ip}:{PORT}"
         lab.spawn_in(lab.head, [sys.executable, "-c", _WATCH, self.url, TOKEN,
-                                json.dumps(_SPEC)], log=log)
+                                json.dumps(spec)], log=log)
 
     def lines(self) -> list[dict[str, Any]]:
         try:
@@ -172,8 +175,12 @@ def _resumed_elsewhere(w: Watch, victim: str) -> None:
 
 def test_host_crash_is_diagnosed_naming_the_host_and_the_job_resumes_elsewhere(
         lab: labmod.Lab):
-    w = Watch(lab, "watch-crash.log")
-    ranks = w.wait("attempt 1 training", lambda w: _training(w, 1, 20), timeout=300)
+    """The job checkpoints to the shared storage; attempt 2, on other hosts, resumes from the
+    newest complete checkpoint there, and retraces attempt 1's steps after it exactly."""
+    spec = {**_SPEC, "checkpoint": {"enabled": True, "every_steps": 10, "keep": 2,
+                                    "async_save": False}}
+    w = Watch(lab, "watch-crash.log", spec)
+    ranks = w.wait("attempt 1 training", lambda w: _training(w, 1, 25), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
     t0 = time.time()
     lab.kill_host(victim)
@@ -184,9 +191,34 @@ def test_host_crash_is_diagnosed_naming_the_host_and_the_job_resumes_elsewhere(
         assert "unreachable" in failed["message"]
         assert _node_state(w, victim.name) in ("suspect", "cordoned")
         _resumed_elsewhere(w, victim.name)
+        _resumed_from_shared_storage(w)
     finally:
         lab.start_ray(victim)  # the host comes back, as a rebooted machine does
         lab.wait_nodes(4)
+
+
+def _resumed_from_shared_storage(w: Watch) -> None:
+    saved = w.client("[c.model_dump(mode='json') for c in c.checkpoints(JOB).items]")
+    first = [c for c in saved if c["attempt"] == 1]
+    assert first, saved
+    newest = max(first, key=lambda c: c["step"])
+    folder = Path(newest["path"])
+    job = next(x["job"] for x in w.lines() if "job" in x)
+    assert folder.parent == Path(labmod.STORAGE_DIR) / job, newest
+    if not newest["removed"]:  # written by both hosts' ranks, seen from a third place
+        names = {p.relative_to(folder).as_posix() for p in folder.rglob("*")}
+        assert {"COMPLETE", ".metadata", "rng/rank_0.pt", "rng/rank_1.pt"} <= names, names
+    rows = w.client("[[m.attempt, m.step, m.loss] for m in c.metrics(JOB, rank=0).items]")
+    second = {step: loss for attempt, step, loss in rows if attempt == 2}
+    assert min(second) == newest["step"] + 1, (newest["step"], sorted(second)[:5])
+    # The steps both attempts made with a loss (rows get it at the loop's sync steps): the
+    # same weights, optimizer state, RNG and data position give the same loss.
+    both = {step: (loss, second[step]) for attempt, step, loss in rows
+            if attempt == 1 and step in second and loss is not None
+            and second[step] is not None}
+    print(f"host crash: resumed at step {newest['step'] + 1}; {len(both)} retraced steps")
+    for step, (one, two) in both.items():
+        assert abs(one - two) <= 1e-6 * max(1.0, abs(one)), (step, one, two)
 
 
 def test_partition_is_diagnosed_unreachable_naming_the_host_and_the_job_resumes_elsewhere(

@@ -113,7 +113,8 @@ spec = {"version": 1, "name": "lab-two-hosts",
         "parallelism": {"dp_replicate": 2},
         "model": {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
                   "seq_len": 16},
-        "training": {"steps": 5, "micro_batch_size": 2, "lr": 0.003}}
+        "training": {"steps": 5, "micro_batch_size": 2, "lr": 0.003},
+        "checkpoint": CHECKPOINT}
 with MeshyardClient(URL, TOKEN) as c:
     job = c.submit(spec)
     done = c.wait(job.id, timeout_s=180)
@@ -139,7 +140,9 @@ def test_control_plane_on_its_own_host_places_a_job_across_two_hosts(lab: labmod
                                        "MESHYARD_WARM_POOL_USER_CODE": "0"})
     lab.wait_port(cp, 8470, timeout=120)
     code = _SUBMIT.replace("URL", repr(f"http://{cp.ip}:8470")).replace("TOKEN", repr(token))
-    proc = lab.python_in(lab.head, code, timeout=240)  # the client on another host
+    # this control plane has no checkpoint storage: a job spread over hosts keeps none
+    proc = lab.python_in(lab.head, code.replace("CHECKPOINT", '{"enabled": False}'),
+                         timeout=240)  # the client on another host
     assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(cp, "serve.log")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["state"] == "SUCCEEDED", out["events"]
@@ -152,6 +155,18 @@ def test_control_plane_on_its_own_host_places_a_job_across_two_hosts(lab: labmod
     master = next(e["data"]["master"] for e in out["events"]
                   if e["reason"] == "WORKERS_READY")
     assert master["addr"] == hosts[0].ip  # MASTER_ADDR: rank 0's host, on the lab network
+
+    # The same job keeping checkpoints would split them over the two hosts' own disks: it
+    # does not start, and says which setting to give.
+    proc = lab.python_in(lab.head, code.replace("CHECKPOINT", '{"every_steps": 2}'),
+                         timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(cp, "serve.log")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["state"] == "FAILED", out["events"]
+    refused = next(e for e in out["events"] if e["reason"] == "SETUP_ERROR")
+    assert "landed on 2 hosts" in refused["message"]
+    assert "MESHYARD_CHECKPOINT_STORAGE" in refused["message"]
+    assert not any(e["reason"] == "WORKERS_READY" for e in out["events"])
 
 
 def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: labmod.Lab, report: dict):

@@ -294,6 +294,7 @@ class WorkerActor:
             mark_training_thread()  # the stacks evidence names this thread, not the actor's
             callbacks = _ActorCallbacks(self._buf, a.log_path("log"))
             result = run_training(a.spec, out_dir=a.run_dir, callbacks=callbacks,
+                                  checkpoint_dir=a.checkpoint_root,
                                   stop_event=self._stop, attempt=a.attempt,
                                   preflight_links=a.preflight_links)
             self._state = WorkerState.STOPPED if self._stop.is_set() else WorkerState.COMPLETED

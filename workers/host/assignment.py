@@ -98,11 +98,18 @@ class RankAssignment:
     # User code: what its rank process is confined to (orchestrator/isolation/modes.py; the node
     # adds Ray's share, workers/host/confinement.py); None: not confined.
     confinement: JobConfinement | None = None
+    # The job's checkpoints on shared storage (AttemptConfig.checkpoint_dir); None: under the
+    # run dir.
+    checkpoint_dir: str | None = None
 
     @property
     def runs_user_preflight(self) -> bool:
         return (self.spec.kind is SpecKind.USER_CODE and self.spec.preflight.enabled
                 and self.dist.world_size > 1 and bool(self.preflight_port))
+
+    @property
+    def checkpoint_root(self) -> str:
+        return self.checkpoint_dir or str(Path(self.run_dir) / "checkpoints")
 
     def log_path(self, suffix: str) -> Path:
         return rank_log_path(self.log_dir, self.rank, suffix)

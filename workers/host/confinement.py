@@ -167,8 +167,9 @@ def runtime_dirs() -> tuple[str, ...]:
 
 def plan_for(a: RankAssignment, job: JobConfinement, *, code_dir: str,
              share: NodeShare) -> _confine.Plan:
-    """Rank `a.rank`'s plan: its run dir writable, its code and the data roots readable,
-    everything else of Ray, the control plane and other jobs hidden or closed."""
+    """Rank `a.rank`'s plan: its run dir and checkpoint folder writable, its code and the
+    data roots readable, everything else of Ray, the control plane and other jobs hidden or
+    closed."""
     run_dir = Path(os.path.realpath(a.run_dir))
     tmp = run_dir / "tmp" / f"attempt-{a.attempt}"
     tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -179,4 +180,5 @@ def plan_for(a: RankAssignment, job: JobConfinement, *, code_dir: str,
         run_dir=str(run_dir), tmp_dir=str(tmp), shm_dir=str(shm) if shm else None,
         code_dirs=tuple(p for p in dict.fromkeys(read_only) if os.path.isdir(p)),
         hide=tuple(sorted({*share.hide, *(os.path.realpath(p) for p in job.hide)})),
-        denied_ports=tuple(sorted({*share.ports, *job.denied_ports})))
+        denied_ports=tuple(sorted({*share.ports, *job.denied_ports})),
+        write_dirs=(os.path.realpath(a.checkpoint_dir),) if a.checkpoint_dir else ())

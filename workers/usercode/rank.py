@@ -237,8 +237,9 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
                    debug=debug_env(a.spec, run_dir=a.run_dir), parent_pid=os.getpid(),
                    function_config=str(config) if config else None, runtime_root=actor_cwd,
                    probe_dir=str(probe_dir), confined=confine is not None)
-    for sub in ("nccl", "flight_recorder", "checkpoints"):
+    for sub in ("nccl", "flight_recorder"):
         (Path(a.run_dir) / sub).mkdir(parents=True, exist_ok=True)
+    Path(a.checkpoint_root).mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         return _run_rank(a, env=env, where=where, report=report, probe_dir=probe_dir,
                          sink=sink, stop=stop, prestarted=prestarted, on_start=on_start,

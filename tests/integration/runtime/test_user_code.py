@@ -2,7 +2,10 @@
 whose working dir has its own `api` / `workers` / `orchestrator` packages, ranks placed on fake
 GPUs with torchrun's variables; a function that crashes on attempt 1 and resumes from its
 reported checkpoint on attempt 2; cancel that leaves no process behind; a function that does
-not import and a program that does not exist (failed at once, naming it, not restarted)."""
+not import and a program that does not exist (failed at once, naming it, not restarted).
+
+The module's jobs keep their checkpoints on the cluster's checkpoint storage (a folder here
+beside the run dirs), where the confined ranks write only their own job's folder."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.lifecycle import JobState
-from tests.integration.runtime.conftest import submit, wait_for, wait_state
+from orchestrator.settings import Settings
+from tests.integration.runtime.conftest import package_settings, submit, wait_for, wait_state
 from tests.integration.runtime.usercode_helpers import (
     USER_CODE,
     alive,
@@ -21,6 +25,14 @@ from tests.integration.runtime.usercode_helpers import (
     user_spec,
     wait_files,
 )
+
+
+@pytest.fixture()
+def settings(tmp_path: Path, ray_cluster) -> Settings:
+    storage = tmp_path / "checkpoint-storage"
+    storage.mkdir()
+    (storage / "job-someone-else").mkdir()  # another job's folder: hidden from these ranks
+    return package_settings(tmp_path, ray_cluster, checkpoint_storage=storage)
 
 
 def test_script_with_own_api_workers_orchestrator_runs_on_fake_gpus(runtime, store, settings):
@@ -51,7 +63,8 @@ def test_script_with_own_api_workers_orchestrator_runs_on_fake_gpus(runtime, sto
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(p.gpu) for p in peers)
         assert env["MESHYARD_MESH_DIM_NAMES"] == "pp,dp_replicate,dp_shard,ep,cp,tp"
         assert env["MESHYARD_MESH_SHAPE"] == "1,2,1,1,1,2"
-        assert env["MESHYARD_CHECKPOINT_DIR"] == str((run / "checkpoints").resolve())
+        assert env["MESHYARD_CHECKPOINT_DIR"] == str(settings.checkpoint_storage.resolve()
+                                                     / job_id)
         assert env["MY_SETTING"] == "on" and "MESHYARD_ADMIN_TOKEN" not in env
         assert got["argv"][1:] == ["--flag"] and got["sum"] == 10.0
         assert got["cwd"].endswith("/meshyard-code")
@@ -90,7 +103,8 @@ def test_function_crash_resumes_from_reported_checkpoint(runtime, store, setting
     # show): steps 1-3 of attempt 1, 4-6 of attempt 2, each with its files' size.
     listed = store.list_checkpoints(job_id)
     assert [(c.attempt, c.step) for c in listed] == [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5), (2, 6)]
-    run = settings.resolved_runs_dir / job_id / "checkpoints"
+    run = settings.checkpoint_storage.resolve() / job_id  # on the storage, not the run dir
+    assert not (settings.resolved_runs_dir / job_id / "checkpoints").exists()
     for c in listed:
         assert Path(c.path) == run / f"step_{c.step:08d}" and not c.removed
         assert c.size_bytes == (Path(c.path) / "state.pt").stat().st_size + \

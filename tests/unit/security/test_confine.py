@@ -128,6 +128,45 @@ def test_a_confined_root_process_reaches_nothing_outside_its_job(world: dict[str
     assert not (data / "pwn").exists()
 
 
+def test_the_jobs_checkpoint_folder_on_shared_storage_is_its_only_one_there(
+        world: dict[str, Any], tmp_path: Path) -> None:
+    """The cluster's checkpoint storage holds every job's folder: the rank writes its own (a
+    write_dirs entry), and the storage's other folders are hidden like the control plane."""
+    storage = tmp_path / "storage"
+    (storage / "job-other").mkdir(parents=True)
+    (storage / "job-other" / "step_00000002").mkdir()
+    (storage / "job-other" / "step_00000002" / "__0_0.distcp").write_bytes(b"other job")
+    mine = storage / "job-mine"
+    mine.mkdir()
+    run = world["run"]
+    plan = _confine.Plan(run_dir=str(run), tmp_dir=str(run / "tmp"),
+                         hide=(str(world["hidden"]), str(storage)), write_dirs=(str(mine),))
+
+    def hostile() -> dict[str, Any]:
+        _confine.apply(plan)
+        return {
+            "write own": _outcome(lambda: (mine / "step_00000004").mkdir()
+                                  or (mine / "step_00000004" / "x.distcp").write_bytes(b"x")),
+            "read other": _outcome(lambda: (storage / "job-other" / "step_00000002"
+                                            / "__0_0.distcp").read_bytes()),
+            "listed": sorted(os.listdir(storage)),
+            "write beside": _outcome(lambda: (storage / "job-other2").mkdir()),
+            "link in own": _outcome(lambda: os.symlink("/etc/passwd", mine / "l")),
+        }
+
+    got = _in_child(hostile)
+    assert "error" not in got, got
+    assert got["write own"] == "reached"
+    assert (mine / "step_00000004" / "x.distcp").read_bytes() == b"x"  # on the real storage
+    assert got["read other"] == "FileNotFoundError"
+    assert got["listed"] == ["job-mine"]
+    assert got["link in own"] == "PermissionError"
+    # a folder made beside it lands in the covering tmpfs (writable where the storage lies
+    # under /tmp, as here), never on the storage
+    assert got["write beside"] in ("reached", "PermissionError")
+    assert not (storage / "job-other2").exists()
+
+
 def _unmount(path: str) -> None:
     import ctypes
 
