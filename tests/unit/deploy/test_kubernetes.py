@@ -207,3 +207,29 @@ def test_topology_label_flow_is_wired(rendered: Docs, overlay: str) -> None:
     assert 'meshyard topo labels --labels-file "$MESHYARD_NODE_LABELS_FILE"' in script
     assert "$KUBERAY_GEN_RAY_START_CMD --labels=" in script
     assert int(worker["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+
+
+def _mounts_claim(pod: dict[str, Any], container: dict[str, Any], claim: str) -> set[str]:
+    """The paths where `container` mounts the PersistentVolumeClaim `claim`."""
+    volumes = {v["name"] for v in pod.get("volumes", [])
+               if v.get("persistentVolumeClaim", {}).get("claimName") == claim}
+    return {m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in volumes}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_checkpoint_storage_is_one_shared_volume_at_one_path(rendered: Docs,
+                                                             overlay: str) -> None:
+    """The control plane names the checkpoint storage; it and every GPU worker mount the same
+    ReadWriteMany claim at that path (a restart on other workers reads the checkpoints)."""
+    docs = rendered[overlay]
+    pvc = find(docs, "PersistentVolumeClaim", "meshyard-checkpoints")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    dep = find(docs, "Deployment", "meshyard")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    path = {e["name"]: e.get("value") for e in c["env"]}["MESHYARD_CHECKPOINT_STORAGE"]
+    assert _mounts_claim(pod, c, "meshyard-checkpoints") == {path}
+    ray = find(docs, "RayCluster")
+    for group in ray["spec"]["workerGroupSpecs"]:
+        wpod = group["template"]["spec"]
+        assert _mounts_claim(wpod, wpod["containers"][0], "meshyard-checkpoints") == {path}
