@@ -1,8 +1,11 @@
 """Distributed checkpoints with torch.distributed.checkpoint (DCP).
 
 Layout: ``<checkpoint_dir>/step_00000010/`` holds the DCP files; rank 0 writes
-``COMPLETE`` (JSON with the step) once every rank's part is on disk, and only complete
-checkpoints are resumed from or counted for ``keep``. State is saved through
+``COMPLETE`` (JSON with the step; written whole or not at all) once every rank's part is on
+disk, and only complete checkpoints are resumed from or counted for ``keep``. A save that
+fails (a full disk, a storage that went away) raises `CheckpointSaveError`, which names the
+step, the host, the path and the cause, and leaves its folder without a marker: a restart
+resumes from the newest complete checkpoint before it. State is saved through
 ``get_state_dict`` / ``set_state_dict``, keyed by parameter FQN, so a checkpoint saved under
 DDP loads under FSDP / TP (DCP reshards), and a resumed run continues the same trajectory
 (the data stream is a pure function of the step).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,17 +45,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
 
+from meshyard._protocol import MARKER, complete_checkpoints
 from orchestrator.spec import JobSpec
 from workers.loop.compression import hook_state
 from workers.loop.moe import ExpertShards
 
-MARKER = "COMPLETE"
 # Optimizer param_groups keyed by parameter FQN, not by group index: pipeline ranks hold
 # different parameters, and index-keyed groups ("param_groups.0.params") collide across
 # ranks in DCP's dedup, so a pp rank would load another stage's group.
@@ -87,15 +92,32 @@ def _step_dir(root: Path, step: int) -> Path:
 
 
 def complete_steps(root: str | Path) -> list[int]:
-    """Steps with a complete checkpoint under ``root``, ascending."""
-    r = Path(root)
-    if not r.is_dir():
-        return []
-    steps = []
-    for d in r.glob("step_*"):
-        if (d / MARKER).is_file():
-            steps.append(json.loads((d / MARKER).read_text())["step"])
-    return sorted(steps)
+    """Steps with a complete checkpoint under ``root``, ascending (a marker that does not
+    read as one does not count)."""
+    return [step for step, _ in complete_checkpoints(root)]
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint was not saved; the message names the step, host, path and cause."""
+
+
+def _save_error(exc: BaseException, *, step: int, root: Path, rank: int) -> CheckpointSaveError:
+    cause = exc
+    if isinstance(exc, CheckpointException) and exc.failures:  # every rank's, gathered
+        cause = exc.failures.get(rank, next(iter(exc.failures.values())))[0]
+    where = getattr(cause, "filename", None) or _step_dir(root, step)
+    text = (cause.strerror if isinstance(cause, OSError) and cause.strerror
+            else f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1][:300]}")
+    try:
+        free = shutil.disk_usage(root).free
+        text += f"; {free} bytes free there" if free < (1 << 20) else ""
+    except OSError:
+        pass
+    newest = complete_steps(root)
+    after = (f"a restart resumes from step {newest[-1]}, the newest complete checkpoint"
+             if newest else "no complete checkpoint is kept: a restart starts from step 0")
+    return CheckpointSaveError(f"the checkpoint of step {step} was not saved on "
+                               f"{socket.gethostname()}: {text} ({where}); {after}")
 
 
 def _barrier() -> None:
@@ -168,6 +190,12 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         self.wait()
+        try:
+            self._save(step)
+        except (OSError, RuntimeError, CheckpointException) as exc:
+            raise _save_error(exc, step=step, root=self._root, rank=self._rank) from None
+
+    def _save(self, step: int) -> None:
         path = _step_dir(self._root, step)
         state = self._on_disk(self._state())
         # Taken with the state: the RNG as the next step will find it.
@@ -197,15 +225,20 @@ class Checkpointer:
             return
         step, fut = self._pending
         self._pending = None
-        fut.result()
-        self._finish(step)
+        try:
+            fut.result()
+            self._finish(step)
+        except (OSError, RuntimeError, CheckpointException) as exc:
+            raise _save_error(exc, step=step, root=self._root, rank=self._rank) from None
 
     def _finish(self, step: int) -> None:
         # Every rank's files must be written before the marker says "complete".
         _barrier()
         if self._rank == 0:
             path = _step_dir(self._root, step)
-            (path / MARKER).write_text(json.dumps({"step": step}))
+            partial = path / f".{MARKER}.tmp"
+            partial.write_text(json.dumps({"step": step}))
+            os.replace(partial, path / MARKER)  # whole or absent, also on a full disk
             self._prune()
             if self._on_saved is not None:
                 self._on_saved({"step": step, "path": os.fspath(path),
