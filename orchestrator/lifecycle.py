@@ -72,6 +72,7 @@ class Reason(StrEnum):
     SPEC_WARNING = "SPEC_WARNING"  # accepted, but known to train badly (spec.spec_warnings)
     METRICS_DROPPED = "METRICS_DROPPED"  # reported metric names refused (metric_values.py)
     PREEMPTED = "PREEMPTED"  # stopped for a higher-priority job (data: preempted_by), requeued
+    LINK_GAP = "LINK_GAP"  # a rank's host answered nothing for seconds, then again (data: node)
 
 
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,

@@ -22,6 +22,7 @@ from orchestrator.runtime.events import (
     Diagnosis,
     Failed,
     FirstStep,
+    LinkGap,
     Logs,
     Metrics,
     Placed,
@@ -94,6 +95,14 @@ class AttemptEvents:
                            f"{len(pids)} rank processes running")
             case Diagnosis():
                 self.record_diagnosis_report(job_id, n, ev.payload)
+            case LinkGap(rank=rank, node=node, host=host, silent_s=silent):
+                self.store.add_event(
+                    job_id, kind=JobEventKind.WARNING, reason=Reason.LINK_GAP.value,
+                    message=f"rank {rank} on {node} ({host}) answered no poll for {silent:g} s "
+                    "while the other ranks did, then answered again: its link dropped and came "
+                    "back, or its host was too busy to answer; training went on",
+                    data={"attempt": n, "rank": rank, "node": node, "host": host,
+                          "silent_s": silent})
             case WatchdogError(message=message):
                 log.warning("%s: hang watchdog error: %s", job_id, message)
             case Succeeded():

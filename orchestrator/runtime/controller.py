@@ -46,6 +46,7 @@ from orchestrator.runtime.events import (
     ControllerEvent,
     Failed,
     FirstStep,
+    LinkGap,
     Logs,
     Metrics,
     Payload,
@@ -350,6 +351,8 @@ class AttemptController:
             self.log.emit(Usage(rows=drained.usage))
         if drained.checkpoints:
             self.log.emit(Checkpoints(saved=drained.checkpoints))
+        for gap in drained.gaps:
+            self.log.emit(LinkGap(**gap))
         if drained.ranks:
             with self._ranks_lock:
                 for rank, upd in drained.ranks.items():

@@ -220,6 +220,7 @@ class EventKind(StrEnum):
     STACKS = "stacks"
     DIAGNOSIS = "diagnosis"
     WATCHDOG_ERROR = "watchdog_error"
+    LINK_GAP = "link_gap"
     SUCCEEDED = "succeeded"
     CANCELLED = "cancelled"
     PLACEMENT_TIMEOUT = "placement_timeout"
@@ -308,6 +309,18 @@ def _diagnosis(report: dict[str, Any], trigger: str, detected_at: float) -> Diag
 
 
 @dataclass(frozen=True)
+class LinkGap:
+    """A rank's worker answered no poll for `silent_s` while the other ranks did, then
+    answered again (orchestrator/runtime/answer_gaps.py): training went on."""
+
+    KIND: ClassVar[EventKind] = EventKind.LINK_GAP
+    rank: int
+    node: str | None
+    host: str | None
+    silent_s: float
+
+
+@dataclass(frozen=True)
 class WatchdogError:
     KIND: ClassVar[EventKind] = EventKind.WATCHDOG_ERROR
     message: str
@@ -349,7 +362,7 @@ class Failed:
 
 
 Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Usage
-           | Checkpoints | Stacks | Diagnosis | WatchdogError | Succeeded | Cancelled
+           | Checkpoints | Stacks | Diagnosis | LinkGap | WatchdogError | Succeeded | Cancelled
            | PlacementTimeout | Failed)
 Terminal = Succeeded | Cancelled | PlacementTimeout | Failed
 

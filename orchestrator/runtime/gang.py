@@ -16,6 +16,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from orchestrator.lifecycle import RankState
+from orchestrator.runtime.answer_gaps import AnswerGaps
 from orchestrator.runtime.events import AttemptConfig, Master, RankStatus, Stacks
 from orchestrator.runtime.failures import RankFailure
 from orchestrator.runtime.gang_output import Drained, RankOutputs
@@ -48,6 +49,7 @@ class WorkerGang:
         self._dead: set[int] = set()
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
+        self._answers = AnswerGaps()
 
     @property
     def workers(self) -> dict[int, Any]:
@@ -109,11 +111,16 @@ class WorkerGang:
         usage: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
+        gaps: list[dict[str, Any]] = []
         for r, ref in refs.items():
             try:
                 p: WorkerPoll = ray.get(ref, timeout=CALL_TIMEOUT_S)
             except (RayActorError, GetTimeoutError, RayError):
                 continue  # the run ref reports the death; a slow poll is retried next tick
+            silent = self._answers.answered(r, at=time.monotonic())
+            if silent is not None:
+                gaps.append({"rank": r, "node": self.ranks[r].node or self.ranks[r].node_id,
+                             "host": self.ranks[r].ip, "silent_s": silent})
             metrics.extend(p.metrics)
             logs.extend(p.logs)
             checkpoints.extend(p.checkpoints)
@@ -140,7 +147,7 @@ class WorkerGang:
         self.out.remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
                        usage=tuple(usage), checkpoints=tuple(checkpoints),
-                       collectives=collectives)
+                       collectives=collectives, gaps=tuple(gaps))
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)

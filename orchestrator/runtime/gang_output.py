@@ -41,6 +41,9 @@ class Drained:
     usage: tuple[dict[str, Any], ...] = ()
     checkpoints: tuple[dict[str, Any], ...] = ()
     collectives: dict[int, int] = field(default_factory=dict)
+    # ranks that answered again after a silence the others did not share (answer_gaps.py):
+    # rank, node, host, silent_s
+    gaps: tuple[dict[str, Any], ...] = ()
 
 
 class RankOutputs:

@@ -1,0 +1,229 @@
+"""Faults on the lab (deploy/lab): each kind injected mid-training on a real multi-host Ray
+cluster of network-namespace hosts, and what meshyard did, timed.
+
+Lab: three Ray hosts and a control-plane host (`meshyard serve`, its checkpoint storage the
+lab's shared storage), brought up once. Job: a 2-rank built-in GPT, one rank a host, a
+checkpoint every 10 steps, `max_failures: 1` (deploy/lab/jobs.py, CHECKPOINTED). Each kind
+runs its own job, faults the host of rank 1 (the control plane's host for `control_plane`, the
+shared storage for `full_disk`) once both ranks are past step 25, and restores the lab after.
+
+Per kind, from the fault: the first stored event that explains it (a failure, a diagnosis, a
+failed save) and its delay; whether it names the faulted host; the host's health after; the
+next attempt placed (WORKERS_READY) and its first step; steps lost (steps the next attempt
+did again: the last step of attempt 1 minus the step it resumed from) and metric rows lost
+(rank 0's attempt-1 steps missing from the store); and beside it Ray's own time to declare the
+host's node dead (a driver on the head polling `ray.nodes()`), the peer figure for detection.
+Goal (issue): the right verdict and host for every kind, fault -> next step under 60 s.
+
+    sudo .venv/bin/python bench/chaos.py [--kinds host_crash,partition,...]
+                                         [--out bench/results/chaos.json]
+
+Kinds: host_crash (every process of the host killed -9), partition (its link down),
+full_disk (the shared checkpoint storage filled to 100 %), control_plane (`meshyard serve`
+killed -9 and started again on its host), flapping_link (link down 5 s, then up), slow_link
+(the host's link shaped to 4 Mbit/s for 60 s). Needs root and iproute2 (deploy/lab/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from deploy.lab import jobs as labjobs  # noqa: E402
+from deploy.lab import lab as labmod  # noqa: E402
+from deploy.lab.jobs import CHECKPOINTED, Watch, node_state, training  # noqa: E402
+from orchestrator.lifecycle import FAILURE_REASONS  # noqa: E402
+
+KINDS = ("host_crash", "partition", "full_disk", "control_plane", "flapping_link", "slow_link")
+FAULT_AFTER_STEP = 25
+FAILURES = {r.value for r in FAILURE_REASONS}
+
+_RAY_WATCH = r"""
+import json, sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+seen = {}
+while True:
+    for n in ray.nodes():
+        ip, alive = n["NodeManagerAddress"], bool(n["Alive"])
+        if seen.get(n["NodeID"]) != alive:
+            seen[n["NodeID"]] = alive
+            print(json.dumps({"t": time.time(), "ip": ip, "alive": alive}), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["at"]).timestamp()
+
+
+def _explains(event: dict[str, Any], kind: str) -> bool:
+    """An event that reports the fault: a failure, a diagnosis, a failed save, a link note."""
+    msg = event["message"]
+    return (event["reason"] in FAILURES or msg.startswith("diagnosis")
+            or "was not saved" in msg or (kind in ("flapping_link", "slow_link")
+                                          and ("link" in msg or "straggler" in msg)))
+
+
+def _ray_dead_s(lab: labmod.Lab, ip: str, since: float) -> float | None:
+    path = lab.head.dir / "ray-watch.log"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.startswith("{"):
+            x = json.loads(line)
+            if x["ip"] == ip and not x["alive"] and x["t"] >= since:
+                return round(x["t"] - since, 1)
+    return None
+
+
+def _rows(w: Watch) -> list[list[Any]]:
+    return w.client("[[m.attempt, m.step] for m in c.metrics(JOB, rank=0).items]")
+
+
+def _outcome(w: Watch, kind: str, victim: labmod.Host, t0: float, at_fault: int,
+             *, restarts: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": kind, "host": victim.name, "step_at_fault": at_fault}
+    late = [e for e in w.events() if _at(e) >= t0 - 1 and _explains(e, kind)]
+    first = late[0] if late else None
+    out["detected_s"] = round(_at(first) - t0, 1) if first else None
+    out["verdict"] = (f"{first['reason']}: {first['message'][:240]}" if first else None)
+    out["host_named"] = any(victim.name in e["message"] for e in late)
+    out["node_state"] = node_state(w, victim.name) if kind != "control_plane" else None
+    if restarts:
+        ready = next((e for e in w.events() if e["reason"] == "WORKERS_READY"
+                      and _at(e) > t0), None)
+        out["replaced_s"] = round(_at(ready) - t0, 1) if ready else None
+    rows = _rows(w)
+    one = sorted({s for a, s in rows if a == 1})
+    two = sorted({s for a, s in rows if a == 2})
+    out["rows_lost"] = len(set(range(1, max(one) + 1)) - set(one)) if one else None
+    out["steps_lost"] = (max(one) - (min(two) - 1)) if one and two else 0
+    return out
+
+
+def _next_step_s(w: Watch, t0: float, attempt: int) -> float | None:
+    try:
+        w.wait(f"attempt {attempt} training", lambda w: training(w, attempt, 1), timeout=300)
+    except AssertionError:
+        return None
+    first = next(x for x in w.states() if x["attempt"] == attempt and x["ranks"]
+                 and all(r[3] == attempt and r[2] >= 1 for r in x["ranks"]))
+    return round(first["t"] - t0, 1)
+
+
+def run_kind(lab: labmod.Lab, kind: str) -> dict[str, Any]:
+    w = Watch(lab, f"chaos-{kind}.log", CHECKPOINTED)
+    ranks = w.wait("attempt 1 training", lambda w: training(w, 1, FAULT_AFTER_STEP),
+                   timeout=300)
+    victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
+    at_fault = max(r[2] for r in ranks)
+    t0 = time.time()
+    restarts = kind in ("host_crash", "partition", "full_disk")
+    out: dict[str, Any]
+    try:
+        if kind == "host_crash":
+            lab.kill_host(victim)
+        elif kind == "partition":
+            lab.link_down(victim)
+        elif kind == "full_disk":
+            victim = lab.head  # the shared storage: every host's; reported for the head
+            lab.fill_disk(victim, labmod.STORAGE_DIR)
+            w.wait("the failed save", lambda w: any("was not saved" in e["message"]
+                                                    for e in w.events()), timeout=180)
+            lab.free_disk(victim, labmod.STORAGE_DIR)
+        elif kind == "control_plane":
+            victim = labjobs.control_plane(lab)
+            for pid in labjobs.serve_pids(lab):
+                os.kill(pid, signal.SIGKILL)
+            labjobs.start_serve(lab)
+        elif kind == "flapping_link":
+            lab.link_down(victim)
+            time.sleep(5)
+            lab.link_up(victim)
+        elif kind == "slow_link":
+            lab.slow_link(victim, "4mbit")
+        if restarts:
+            w.wait("the attempt's end", lambda w: any(
+                e["reason"] in FAILURES and _at(e) >= t0 for e in w.events()),
+                timeout=300)
+            next_s = _next_step_s(w, t0, 2)
+        else:
+            time.sleep(60)  # what the kind does to a running attempt, if anything
+            next_s = None
+        out = _outcome(w, kind, victim, t0, at_fault, restarts=restarts)
+        out["next_step_s"] = next_s
+        out["restarted"] = (w.states()[-1]["attempt"] or 1) > 1
+        out["ray_node_dead_s"] = _ray_dead_s(lab, victim.ip, t0)
+        if kind == "control_plane":
+            out["serving_again_s"] = round(_serve_back(lab) - t0, 1)
+        w.cancel()
+    finally:
+        _restore(lab, kind, victim)
+    return out
+
+
+def _serve_back(lab: labmod.Lab) -> float:
+    """When the control plane answered again (its log's first line after the restart is
+    written before; the port is what a client sees): polled now, so an upper bound."""
+    cp = labjobs.control_plane(lab)
+    while not lab.tcp_connects(lab.head, cp.ip, labjobs.PORT, timeout=1):
+        time.sleep(0.2)
+    return time.time()
+
+
+def _restore(lab: labmod.Lab, kind: str, victim: labmod.Host) -> None:
+    if kind == "partition" or kind == "flapping_link":
+        lab.link_up(victim)
+    if kind == "slow_link":
+        lab.slow_link(victim, None)
+    if kind in ("host_crash", "partition"):
+        lab.kill_host(victim)  # Ray declared the node dead; started again, as an operator would
+        lab.start_ray(victim)
+    lab.wait_nodes(len(lab.hosts))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "chaos.json"))
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if unknown := set(kinds) - set(KINDS):
+        ap.error(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    why = labmod.lab_available()
+    if why:
+        print(f"chaos: the lab cannot run here: {why}", file=sys.stderr)
+        return 2
+    results: list[dict[str, Any]] = []
+    lab = labjobs.up(3)
+    try:
+        lab.spawn_in(lab.head, [sys.executable, "-c", _RAY_WATCH, lab.ray_address],
+                     log="ray-watch.log")
+        for kind in kinds:
+            t = time.time()
+            try:
+                res = run_kind(lab, kind)
+            except Exception as exc:  # noqa: BLE001 - reported in the results, next kind runs
+                res = {"kind": kind, "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+            res["wall_s"] = round(time.time() - t, 1)
+            results.append(res)
+            print(json.dumps(res), flush=True)
+    finally:
+        left = labmod.down()
+    doc = {"when": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+           "load_avg_1m": os.getloadavg()[0], "results": results, "lab_left": left}
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if not left else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

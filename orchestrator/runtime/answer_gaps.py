@@ -1,0 +1,46 @@
+"""Ranks that stopped answering the controller's polls for a while and then answered again.
+
+The controller polls every live worker each tick. A rank whose worker answers no poll for
+`min_s` while the gang's other ranks keep answering, and then answers again, sat behind a
+link that dropped and came back (or on a host too busy to answer): training went on without a
+restart, and the job's events say so (`LinkGap`). A gap every rank shares is the controller's
+own (a slow or loaded control plane) and is not reported; a rank that never answers again is
+the hang watchdog's and the worker-death path's, not this.
+
+>>> g = AnswerGaps(min_s=4.0)
+>>> [g.answered(r, at=0.0) for r in (0, 1)]
+[None, None]
+>>> g.answered(0, at=5.0), g.answered(0, at=10.0)
+(None, None)
+>>> g.answered(1, at=10.5)  # silent 10.5 s while rank 0 answered twice
+10.5
+>>> g.answered(0, at=30.0), g.answered(1, at=30.2)  # both silent: the controller's own gap
+(None, None)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+_KEPT = 4  # answer times kept per rank
+
+
+class AnswerGaps:
+    def __init__(self, *, min_s: float = 4.0) -> None:
+        self.min_s = min_s
+        self._times: dict[int, deque[float]] = {}
+
+    def answered(self, rank: int, *, at: float) -> float | None:
+        """Rank `rank`'s worker answered a poll at `at`; the silence it ends when it is a gap
+        to report, else None."""
+        times = self._times.setdefault(rank, deque(maxlen=_KEPT))
+        before = times[-1] if times else None
+        times.append(at)
+        if before is None or at - before < self.min_s:
+            return None
+        # another rank answered in the middle of the silence: the controller was polling
+        inside = (before + self.min_s / 2, at - self.min_s / 4)
+        if any(inside[0] <= t <= inside[1] for r, ts in self._times.items() if r != rank
+               for t in ts):
+            return round(at - before, 1)
+        return None

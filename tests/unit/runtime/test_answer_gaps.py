@@ -1,0 +1,73 @@
+"""A rank whose host answered no poll for seconds while its peers did, then answered again
+(a link that dropped and came back): found by `AnswerGaps`, stored as a LINK_GAP warning on
+the job; a gap every rank shares (the controller's own) is not."""
+
+from __future__ import annotations
+
+import doctest
+from pathlib import Path
+
+from orchestrator.nodes.health_policy import HealthPolicy
+from orchestrator.runtime import answer_gaps
+from orchestrator.runtime.answer_gaps import AnswerGaps
+from orchestrator.runtime.attempt_events import AttemptEvents
+from orchestrator.runtime.events import ControllerEvent, LinkGap
+from orchestrator.store import open_store
+from tests.support.jobs import submit
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(answer_gaps).failed == 0
+
+
+def _ticks(gaps: AnswerGaps, *, until: float, silent: dict[int, tuple[float, float]],
+           ranks: int = 3, tick: float = 0.5) -> list[tuple[int, float]]:
+    """Polls every `tick` s; rank r answers nothing within silent[r] = (from, to)."""
+    out, t = [], 0.0
+    while t <= until:
+        for r in range(ranks):
+            lo, hi = silent.get(r, (-1.0, -1.0))
+            if lo <= t < hi:
+                continue
+            gap = gaps.answered(r, at=t + 0.01 * r)
+            if gap is not None:
+                out.append((r, gap))
+        t += tick
+    return out
+
+
+def test_one_rank_silent_five_seconds_is_one_gap_of_about_five_seconds() -> None:
+    assert _ticks(AnswerGaps(), until=20, silent={1: (6.0, 11.0)}) == [(1, 5.5)]
+
+
+def test_short_silences_and_shared_silences_are_not_gaps() -> None:
+    assert _ticks(AnswerGaps(), until=20, silent={1: (6.0, 9.0)}) == []  # 3.5 s < 4 s
+    everyone = {r: (6.0, 14.0) for r in range(3)}  # the controller stopped polling
+    assert _ticks(AnswerGaps(), until=20, silent=everyone) == []
+
+
+def test_a_rank_that_never_answers_again_is_no_gap() -> None:
+    assert _ticks(AnswerGaps(), until=20, silent={2: (4.0, 99.0)}) == []
+
+
+def test_two_flaps_of_one_rank_are_two_gaps() -> None:
+    got = _ticks(AnswerGaps(), until=40, silent={0: (5.0, 11.0), 2: (25.0, 30.0)})
+    assert [(r, round(g)) for r, g in got] == [(0, 6), (2, 6)]
+
+
+def test_a_gap_is_stored_as_a_warning_naming_rank_host_and_seconds(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
+    try:
+        job_id = submit(store, {"name": "flap"})
+        events = AttemptEvents(store, health_policy=HealthPolicy(), runs_dir=None,
+                               write_ranks=lambda *a: None)
+        events.apply(job_id, 1, ControllerEvent(seq=1, payload=LinkGap(
+            rank=1, node="myl-h2", host="198.18.0.12", silent_s=5.4)))
+        (ev,) = [e for e in store.list_events(job_id) if e.reason == "LINK_GAP"]
+        assert ev.kind == "warning"
+        assert ev.message.startswith("rank 1 on myl-h2 (198.18.0.12) answered no poll for 5.4 s")
+        assert "training went on" in ev.message
+        assert ev.data == {"attempt": 1, "rank": 1, "node": "myl-h2", "host": "198.18.0.12",
+                           "silent_s": 5.4}
+    finally:
+        store.close()
