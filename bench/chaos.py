@@ -21,7 +21,8 @@ Goal (issue): the right verdict and host for every kind, fault -> next step unde
 Kinds: host_crash (every process of the host killed -9), partition (its link down),
 full_disk (the shared checkpoint storage filled to 100 %), control_plane (`meshyard serve`
 killed -9 and started again on its host), flapping_link (link down 5 s, then up), slow_link
-(the host's link shaped to 4 Mbit/s for 60 s). Needs root and iproute2 (deploy/lab/README.md).
+(the host's link shaped to 4 Mbit/s for 60 s, then a new job placed while it still is: does
+the pre-flight check refuse the host?). Needs root and iproute2 (deploy/lab/README.md).
 """
 
 from __future__ import annotations
@@ -165,9 +166,28 @@ def run_kind(lab: labmod.Lab, kind: str) -> dict[str, Any]:
         if kind == "control_plane":
             out["serving_again_s"] = round(_serve_back(lab) - t0, 1)
         w.cancel()
+        if kind == "slow_link":  # the next job, placed while the link is still slow
+            out["next_job"] = _placed_while_slow(lab, victim)
     finally:
         _restore(lab, kind, victim)
     return out
+
+
+def _placed_while_slow(lab: labmod.Lab, victim: labmod.Host) -> dict[str, Any]:
+    """A new job while the victim's link is slow: does the pre-flight check refuse it?"""
+    w = Watch(lab, "chaos-slow-next.log", CHECKPOINTED)
+    t0 = time.time()
+    try:
+        ranks = w.wait("the next job training", lambda w: training(
+            w, w.states()[-1]["attempt"] or 1, 3) if w.states() else None, timeout=300)
+        pre = [e for e in w.events() if e["reason"] == "PREFLIGHT_FAILED"]
+        return {"preflight_failed": [e["message"][:240] for e in pre],
+                "victim_named": any(victim.name in e["message"] for e in pre),
+                "trains_on": sorted({r[1] for r in ranks}),
+                "victim_used": victim.name in {r[1] for r in ranks},
+                "training_s": round(time.time() - t0, 1)}
+    finally:
+        w.cancel()
 
 
 def _serve_back(lab: labmod.Lab) -> float:

@@ -15,6 +15,8 @@ import torch
 from orchestrator.spec import parse_spec
 from workers.loop.checkpoint import MARKER, Checkpointer, CheckpointSaveError, complete_steps
 
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
 SPEC = parse_spec({"name": "ckpt", "checkpoint": {"enabled": True, "every_steps": 2,
                                                    "keep": 3, "async_save": False}})
 
