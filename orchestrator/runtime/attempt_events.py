@@ -237,7 +237,20 @@ class AttemptEvents:
         if self.runs_dir is None or not attempt or job is None:
             return
         try:
-            ingest_attempt_files(self.store, job_id=job_id, attempt=attempt,
-                                 run_dir=self.runs_dir / job_id, world_size=job.world_size)
+            ranks = {r.rank: r for r in self.store.list_ranks(job_id, attempt=attempt)}
+            got = ingest_attempt_files(self.store, job_id=job_id, attempt=attempt,
+                                       run_dir=self.runs_dir / job_id, world_size=job.world_size,
+                                       nodes={r: x.node_id for r, x in ranks.items()})
         except Exception:  # noqa: BLE001 - recovering metrics must not block the restart
             log.exception("recovering the metrics of %s attempt %d failed", job_id, attempt)
+            return
+        for rank, why in sorted(got.unrecovered.items()):
+            rec = ranks.get(rank)
+            last = rec.step if rec else None  # the last step the polls saw it at
+            self.store.add_event(
+                job_id, kind=JobEventKind.WARNING, reason=Reason.METRICS_UNRECOVERED.value,
+                message=f"rank {rank} on {rec.node if rec else 'an unknown node'}: the metric "
+                f"rows it kept in its file past step {last or 0} are not recovered ({why}); "
+                "they lived only on that host's disk",
+                data={"attempt": attempt, "rank": rank, "node": rec.node if rec else None,
+                      "last_seen_step": last})

@@ -26,9 +26,13 @@ from orchestrator.mesh import MeshShape
 from orchestrator.runtime.events import AttemptConfig, Diagnosis, Failed, Payload, WatchdogError
 from orchestrator.runtime.failures import RankFailure, mask_secrets
 from orchestrator.runtime.gang import Drained, WorkerGang
-from orchestrator.runtime.node_evidence import NodeEvidence, gather_node_evidence
+from orchestrator.runtime.node_evidence import (
+    NodeEvidence,
+    gather_announcements,
+    gather_node_evidence,
+)
 from orchestrator.spec import SpecKind, WatchdogAction
-from orchestrator.watchdog.evidence_files import read_announcement, stamp_now
+from orchestrator.watchdog.evidence_files import stamp_now
 from orchestrator.watchdog.hardware import with_driver_errors
 from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.locate import rank_locations
@@ -36,6 +40,7 @@ from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
+_READ_TIMEOUT_S = 5.0  # a live node's answer to a file read
 _PROBE_STAMP = "straggler-probe"
 _ENDING_S = 3.0
 
@@ -179,14 +184,15 @@ class AttemptWatchdog:
             s = _summary(r, reply)
             if s is not None and r not in dead:
                 summaries[r] = s
-        run_dir = self.cfg.run_dir
-        for r in gang.ranks:
-            if r in summaries or r in dead:
-                continue
-            ann = read_announcement(run_dir, r)  # ended, silent: its last announced op
-            if ann is not None:
-                summaries[r] = {"rank": r, "pending": [ann]}
-        anns = {r: a for r in dead if (a := read_announcement(run_dir, r)) is not None}
+        # ranks that ended or stay silent, and the dead: their last announced op, read on
+        # their nodes
+        wanted = [r for r in gang.ranks if r not in summaries]
+        announced = gather_announcements({r: gang.ranks[r].node_id for r in wanted},
+                                         run_dir=self.cfg.run_dir, timeout_s=_READ_TIMEOUT_S)
+        for r in wanted:
+            if r not in dead and r in announced:
+                summaries[r] = {"rank": r, "pending": [announced[r]]}
+        anns = {r: announced[r] for r in dead if r in announced}
         summaries, anns = resolve_announcements(summaries, anns)  # op id -> collective seq
         nodes = self._node_evidence(gang, stamp) if trigger != "straggler" else NodeEvidence()
         locations = self._locations(gang)

@@ -7,6 +7,12 @@ after the last poll exist only there; when a rank dies, the steps done since the
 exist only there (without their loss). The poller ingests them before it applies the restart
 policy.
 
+The files are on the disk of the host each rank ran on: a rank whose node is alive in Ray is
+read there, by a Ray task on that node (`gather_rows`). A rank whose node is gone (a crashed
+host, or the embedded Ray that died with the control plane) or was never recorded is read
+here, where the embedded single-machine case keeps it; when its file is not here either, or
+its node does not answer, `unrecovered` names the rank and the job's events say so.
+
 Exactly once: `Store.add_missing_metrics` inserts, in one transaction, only the rows past the
 newest step the store holds for each (attempt, rank) -- that step is the cursor -- so an
 ingest that is repeated (a second control plane, a crash mid-way) adds nothing twice, and
@@ -17,12 +23,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.isolation import runfiles
-from orchestrator.store.repo import Store
 from workers.host.assignment import rank_log_path
+
+if TYPE_CHECKING:
+    from orchestrator.store.repo import Store
 
 log = logging.getLogger("meshyard.poller")
 MAX_FILE_BYTES = 256 * 1024 * 1024  # one rank's rows of one attempt; more is not a metrics file
@@ -51,16 +61,80 @@ def read_rank_rows(path: Path, *, rank: int, run_dir: Path) -> list[dict[str, An
     return list(rows.values())
 
 
-def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Path,
-                         world_size: int) -> int:
-    """Adds the attempt's rows the store lacks; returns how many."""
-    log_dir = run_dir / "logs" / f"attempt-{attempt}"
-    rows = []
+NODE_READ_TIMEOUT_S = 5.0  # a live node's answer; a cut-off one delays the restart this long
+
+
+def read_attempt_rows(run_dir: str | Path, attempt: int, ranks: list[int]
+                      ) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of `ranks`' files of one attempt, read on this host, and the ranks whose
+    file is not here."""
+    run = Path(run_dir)
+    log_dir = run / "logs" / f"attempt-{attempt}"
+    rows: list[dict[str, Any]] = []
+    missing = []
+    for rank in ranks:
+        path = rank_log_path(str(log_dir), rank, "metrics.jsonl")
+        try:
+            there = runfiles.is_file(run, path)
+        except OSError:
+            there = False
+        if not there:
+            missing.append(rank)
+            continue
+        rows += read_rank_rows(path, rank=rank, run_dir=run)
+    return rows, missing
+
+
+@dataclass
+class Gathered:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    unrecovered: dict[int, str] = field(default_factory=dict)  # rank -> why
+    added: int = 0  # rows the store did not hold yet
+
+
+def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
+                nodes: Mapping[int, str | None]) -> Gathered:
+    """Every rank's rows, each read on its node (`nodes`: rank -> Ray node id) by a Ray task
+    pinned there; ranks with no node are read here."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = ({n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+             if ray.is_initialized() else set())
+    by_node: dict[str, list[int]] = {}
+    here: list[int] = []
     for rank in range(world_size):
-        rows += read_rank_rows(rank_log_path(str(log_dir), rank, "metrics.jsonl"), rank=rank,
-                               run_dir=run_dir)
-    added = store.add_missing_metrics(job_id, attempt, rows) if rows else 0
-    if added:
-        log.warning("job %s attempt %d: %d metric rows recovered from the run dir", job_id,
-                    attempt, added)
-    return added
+        node = nodes.get(rank)
+        (by_node.setdefault(node, []) if node in alive else here).append(rank)
+    out = Gathered()
+    out.rows, missing = read_attempt_rows(run_dir, attempt, here)
+    for rank in missing:
+        if nodes.get(rank):  # it ran somewhere else, now gone
+            out.unrecovered[rank] = "its node is gone"
+    reader = ray.remote(num_cpus=0, max_retries=0)(read_attempt_rows) if by_node else None
+    refs = {node: reader.options(  # type: ignore[union-attr]
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            str(run_dir), attempt, ranks) for node, ranks in by_node.items()}
+    for node, ref in refs.items():
+        try:
+            rows, _ = ray.get(ref, timeout=NODE_READ_TIMEOUT_S)
+            out.rows += rows
+        except Exception as exc:  # noqa: BLE001 - a cut-off node: its ranks are named
+            ray.cancel(ref, force=True)
+            for rank in by_node[node]:
+                out.unrecovered[rank] = f"its node did not answer ({type(exc).__name__})"
+    return out
+
+
+def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Path,
+                         world_size: int, nodes: Mapping[int, str | None] | None = None
+                         ) -> Gathered:
+    """Adds the attempt's rows the store lacks (read on each rank's node, `gather_rows`);
+    returns what was read and which ranks could not be."""
+    got = gather_rows(run_dir=run_dir, attempt=attempt, world_size=world_size,
+                      nodes=nodes or {})
+    got.added = store.add_missing_metrics(job_id, attempt, got.rows) if got.rows else 0
+    if got.added:
+        log.warning("job %s attempt %d: %d metric rows recovered from the ranks' files",
+                    job_id, attempt, got.added)
+    return got

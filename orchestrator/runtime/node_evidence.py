@@ -1,4 +1,5 @@
-"""Per-node hang evidence, once per node of a GPU job from a Ray task pinned to that node,
+"""Per-node hang evidence, read where it is: the ranks' last announcements (each on its rank's
+node, `gather_announcements`) and, once per node of a GPU job from a Ray task pinned to that node,
 into the round's `node-<name>/` folder: `nvidia-smi -q` (ECC counts, retired pages, remapped
 rows, NVLink state) and the kernel log's `NVRM: Xid` lines (dmesg, else journalctl -k). The
 task parses both on the node (orchestrator/watchdog/gpu_errors.py) and returns, besides the
@@ -16,7 +17,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.watchdog.evidence_files import PathLike, node_dir
+from orchestrator.watchdog.evidence_files import PathLike, node_dir, read_announcement
 from orchestrator.watchdog.gpu_errors import gpu_errors, to_dicts
 
 _KERNEL_LOG = (["dmesg"], ["journalctl", "-k", "--no-pager", "-n", "20000"])
@@ -94,4 +95,29 @@ def gather_node_evidence(nodes: Mapping[str, str | None], *, run_dir: str, stamp
         out.paths.extend(got.get("paths") or [])
         if got.get("gpus"):
             out.gpus[name] = list(got["gpus"])
+    return out
+
+
+def read_announcements(run_dir: str, ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """Runs on a node: the last announcement of each of `ranks` there."""
+    return {r: a for r in ranks if (a := read_announcement(run_dir, r)) is not None}
+
+
+def gather_announcements(nodes: Mapping[int, str | None], *, run_dir: str,
+                         timeout_s: float) -> dict[int, dict[str, Any]]:
+    """The last announcement of each rank (rank -> Ray node id), read on its node: the
+    files are on the disk of the host it ran on. A node that does not answer adds nothing."""
+    by_node: dict[str, list[int]] = {}
+    for rank, nid in nodes.items():
+        if nid:
+            by_node.setdefault(nid, []).append(rank)
+    task: Any = ray.remote(num_cpus=0, max_retries=0)(read_announcements)
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+            .remote(run_dir, ranks) for nid, ranks in by_node.items()]
+    out: dict[int, dict[str, Any]] = {}
+    for ref in refs:
+        try:
+            out.update(ray.get(ref, timeout=timeout_s))
+        except Exception:  # noqa: BLE001 - a dead or cut-off node: no announcement from it
+            ray.cancel(ref, force=True)
     return out

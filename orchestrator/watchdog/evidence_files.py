@@ -1,5 +1,5 @@
 """Where hang evidence lives on disk, for both sides: the workers that write it and the
-controller that reads it. Pure module (stdlib only).
+controller that reads it. Pure module (stdlib and the run-dir reader only).
 
     <run_dir>/diagnostics/
       live/rank<N>/pending.json       the op rank N announced before a risky collective
@@ -18,6 +18,8 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from orchestrator.isolation import runfiles
 
 PathLike = str | os.PathLike[str]
 
@@ -55,11 +57,9 @@ def write_announcement(run_dir: PathLike, rank: int, announcement: dict[str, Any
 
 
 def read_announcement(run_dir: PathLike, rank: int) -> dict[str, Any] | None:
-    """The last announcement of a rank (the controller reads it for ranks that died)."""
-    try:
-        data = json.loads(announcement_path(run_dir, rank).read_text())
-    except (OSError, ValueError):
-        return None
+    """The last announcement of a rank (read on its node for ranks that died or stay silent),
+    beneath the run dir without following a link: the run dir is the job's to write."""
+    data = runfiles.read_json(run_dir, announcement_path(run_dir, rank))
     return data if isinstance(data, dict) else None
 
 

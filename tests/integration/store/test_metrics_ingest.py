@@ -31,9 +31,9 @@ def test_ingest_adds_only_what_the_store_lacks_and_only_once(db_url: str, tmp_pa
             (logs / f"rank-{r}.metrics.jsonl").write_text("\n".join(rows) + '\n{"step": 6, "ti')
         run = tmp_path / job.id
         assert ingest_attempt_files(store, job_id=job.id, attempt=1, run_dir=run,
-                                    world_size=2) == 6  # steps 3-5 of both ranks; torn line out
+                                    world_size=2).added == 6  # steps 3-5 of both; torn line out
         assert ingest_attempt_files(store, job_id=job.id, attempt=1, run_dir=run,
-                                    world_size=2) == 0
+                                    world_size=2).added == 0
         for r in (0, 1):
             got = store.list_metrics(job.id, rank=r)
             assert [m.step for m in got] == [1, 2, 3, 4, 5]
@@ -62,7 +62,7 @@ def test_a_step_done_before_its_sync_is_recovered_and_merged_with_its_full_row(
         (logs / "rank-0.metrics.jsonl").write_text(
             "".join(json.dumps(x) + "\n" for x in lines))
         assert ingest_attempt_files(store, job_id=job.id, attempt=1,
-                                    run_dir=tmp_path / job.id, world_size=1) == 3
+                                    run_dir=tmp_path / job.id, world_size=1).added == 3
         got = [(m.step, m.loss, m.grad_norm) for m in store.list_metrics(job.id, rank=0)]
         assert got == [(1, 1.0, 1.0), (2, 0.5, 1.0), (3, None, 1.0)]
         job_now = store.get_job(job.id)

@@ -54,6 +54,22 @@ def test_announcement_round_trip(tmp_path: Path) -> None:
     assert evidence_files.read_announcement(tmp_path, 2) is None
 
 
+def test_an_announcement_the_job_linked_elsewhere_is_not_read(tmp_path: Path) -> None:
+    """The run dir is the job's to write: its rank's pending.json made a link to a JSON file
+    of the control plane (or a FIFO, which would block the reader) is not followed."""
+    secret = tmp_path / "server.json"
+    secret.write_text('{"admin_token": "msy_admin"}')
+    run = tmp_path / "run"
+    link = evidence_files.announcement_path(run, 0)
+    link.parent.mkdir(parents=True)
+    link.symlink_to(secret)
+    assert evidence_files.read_announcement(run, 0) is None
+    fifo = evidence_files.announcement_path(run, 1)
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    assert evidence_files.read_announcement(run, 1) is None
+
+
 def _stand_in(bin_dir: Path, name: str, script: str) -> None:
     exe = bin_dir / name
     exe.write_text(f"#!/bin/sh\n{script}\n")
