@@ -4,6 +4,9 @@ Environment (set by the worker, read by the runner and `meshyard.train`):
 
     MESHYARD_REPORT_FILE      per-rank JSON-lines file the rank appends records to
     MESHYARD_CHECKPOINT_DIR   checkpoints of the job, kept across attempts
+    MESHYARD_CHECKPOINT_REFUSED  set instead when the ranks landed on several hosts and the
+                              checkpoints would go to host-local disks: why, and the setting
+                              to give; a report with a checkpoint raises it
     MESHYARD_MESH_DIM_NAMES   "pp,dp_replicate,dp_shard,ep,cp,tp"
     MESHYARD_MESH_SHAPE       "1,1,4,1,1,8" (same order)
     MESHYARD_ZERO_STAGE       effective ZeRO stage (0, 2, 3) for prepare_model
@@ -37,6 +40,7 @@ from typing import Any
 
 REPORT_FILE = "MESHYARD_REPORT_FILE"
 CHECKPOINT_DIR = "MESHYARD_CHECKPOINT_DIR"
+CHECKPOINT_REFUSED = "MESHYARD_CHECKPOINT_REFUSED"
 MESH_DIM_NAMES = "MESHYARD_MESH_DIM_NAMES"
 MESH_SHAPE = "MESHYARD_MESH_SHAPE"
 ZERO_STAGE = "MESHYARD_ZERO_STAGE"

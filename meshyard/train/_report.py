@@ -30,6 +30,7 @@ class _Channel:
         self.file = os.environ.get(proto.REPORT_FILE) or None
         root = os.environ.get(proto.CHECKPOINT_DIR)
         self.root = Path(root) if root else None
+        self.refused = os.environ.get(proto.CHECKPOINT_REFUSED) or None
         self.last: Checkpoint | None = None
         start = latest_checkpoint(self.root)
         info = start.get_metadata() if start is not None else {}
@@ -46,6 +47,8 @@ class _Channel:
             f.write(line + "\n")
 
     def save(self, step: int, checkpoint: Checkpoint) -> str | None:
+        if self.refused:
+            raise RuntimeError(f"meshyard cannot keep this checkpoint: {self.refused}")
         if self.root is None:
             return None
         dest = self.root / proto.step_dir_name(step)

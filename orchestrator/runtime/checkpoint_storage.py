@@ -4,10 +4,12 @@ A restarted attempt resumes from the newest complete checkpoint, and may land on
 than the one before: the checkpoints must be where every host reads them. With the cluster's
 checkpoint storage (`Settings.checkpoint_storage`, a directory every host mounts) they are.
 Without it they go under each job's run dir, on the disk of the host each rank runs on: one
-host holds a rank's part and another host the marker, and no host has the whole. So a job
-that keeps checkpoints and whose ranks landed on more than one host does not start; the
-message names the setting (Ray Train refuses a multi-node run without shared storage the same
-way). Hosts are told apart by address: the simulated nodes of one machine share one.
+host holds a rank's part and another host the marker, and no host has the whole. So a job of
+the built-in loop that keeps checkpoints and whose ranks landed on more than one host does not
+start, and the message names the setting; user code, which may keep no checkpoint at all,
+starts, and the first report with a checkpoint raises the message in the rank (Ray Train
+refuses a multi-node run's checkpoint without shared storage the same way). Hosts are told
+apart by address: the simulated nodes of one machine share one.
 
 >>> host_local_checkpoints(enabled=True, shared=False, root="/r/j/checkpoints",
 ...                        ips={0: "10.0.0.1", 1: "10.0.0.2"})[:60]
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 
 
 def host_local_checkpoints(*, enabled: bool, shared: bool, root: str,
-                           ips: Mapping[int, str | None]) -> str | None:
+                           ips: Mapping[int, str | None], user_code: bool = False) -> str | None:
     """Why the gang must not start (its checkpoints would be split over host-local disks),
     or None."""
     hosts = sorted({ip for ip in ips.values() if ip})
@@ -33,5 +35,6 @@ def host_local_checkpoints(*, enabled: bool, shared: bool, root: str,
     return (f"the ranks landed on {len(hosts)} hosts ({shown}) and checkpoints would go to "
             f"{root} on each host's own disk, where a restart on other hosts cannot read them: "
             "give the cluster checkpoint storage that every host mounts at the same path "
-            "(MESHYARD_CHECKPOINT_STORAGE, or `meshyard serve --checkpoint-storage DIR`), or "
-            "set checkpoint.enabled: false in the spec")
+            "(MESHYARD_CHECKPOINT_STORAGE, or `meshyard serve --checkpoint-storage DIR`)"
+            + (", or keep no checkpoint in this job" if user_code
+               else ", or set checkpoint.enabled: false in the spec"))

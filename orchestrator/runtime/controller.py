@@ -234,7 +234,7 @@ class AttemptController:
             gang.kill()
             self._finish(Cancelled(message="cancelled while starting workers"))
             return
-        refused = host_local_checkpoints(
+        refused = None if self._user_code else host_local_checkpoints(
             enabled=self.config.spec.checkpoint.enabled,
             shared=self.config.checkpoint_dir is not None, root=self.config.checkpoint_root,
             ips={r.rank: r.ip for r in ranks})

@@ -19,6 +19,7 @@ from orchestrator.mesh import MeshShape
 from orchestrator.placement.links import LinkModel
 from orchestrator.placement.ranks import landed_ranks
 from orchestrator.preflight.verdict import ExpectedLink, Site, expected_links
+from orchestrator.runtime.checkpoint_storage import host_local_checkpoints
 from orchestrator.runtime.events import AttemptConfig, Master, RankStatus
 from orchestrator.runtime.pool import find_pool
 from orchestrator.spec import SpecKind
@@ -163,6 +164,10 @@ class GangStart:
         env = {"MESHYARD_JOB_ID": cfg.job_id, "MESHYARD_ATTEMPT": str(cfg.attempt)}
         out: dict[int, RankAssignment] = {}
         links = self.preflight_links()
+        refused = host_local_checkpoints(
+            enabled=True, shared=cfg.checkpoint_dir is not None, root=cfg.checkpoint_root,
+            ips={r: s.ip for r, s in self.ranks.items()}, user_code=True) \
+            if cfg.spec.kind is SpecKind.USER_CODE else None
         for r in self.workers:
             node = self.ranks[r].node_id
             peers = per_node[node]
@@ -175,6 +180,7 @@ class GangStart:
                 preflight_links=links.get(r, {}), preflight_port=self.preflight_port,
                 visible_gpus=self._visible.get(self._bundle_of[r]),
                 confinement=cfg.confinement, checkpoint_dir=cfg.checkpoint_dir,
+                checkpoints_refused=refused,
                 package_uri=cfg.package_uri if self._bundle_of[r] in self._pooled_bundles
                 else None,
                 dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,

@@ -107,66 +107,105 @@ def test_a_hosts_run_dir_is_invisible_to_the_others(lab: labmod.Lab):
 
 _SUBMIT = r"""
 import json
+from pathlib import Path
 from api.client import MeshyardClient
-spec = {"version": 1, "name": "lab-two-hosts",
-        "resources": {"device": "cpu", "cpus_per_worker": 2},  # a whole host a rank
-        "parallelism": {"dp_replicate": 2},
-        "model": {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
-                  "seq_len": 16},
-        "training": {"steps": 5, "micro_batch_size": 2, "lr": 0.003},
-        "checkpoint": CHECKPOINT}
+spec = json.loads(SPEC)
 with MeshyardClient(URL, TOKEN) as c:
-    job = c.submit(spec)
-    done = c.wait(job.id, timeout_s=180)
-    print(json.dumps({"state": done.state.value,
+    job = (c.submit_with_code(spec, working_dir=Path(CODE)) if CODE else c.submit(spec))
+    done = c.wait(job.id, timeout_s=240)
+    print(json.dumps({"state": done.state.value, "message": done.message,
                       "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
-                      "events": [e.model_dump(mode="json") for e in c.events(job.id)]}))
+                      "events": [e.model_dump(mode="json") for e in c.events(job.id)],
+                      "logs": [x.line for x in c.logs(job.id, rank=0, limit=1000).items]}))
 """
+_TOKEN = "lab-admin-token-" + "0" * 24
+_BUILT_IN = {"version": 1, "name": "lab-two-hosts",
+             "resources": {"device": "cpu", "cpus_per_worker": 2},  # a whole host a rank
+             "parallelism": {"dp_replicate": 2},
+             "model": {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32,
+                       "vocab_size": 64, "seq_len": 16},
+             "training": {"steps": 5, "micro_batch_size": 2, "lr": 0.003}}
 
 
-@pytest.mark.slow
-def test_control_plane_on_its_own_host_places_a_job_across_two_hosts(lab: labmod.Lab):
+@pytest.fixture(scope="module")
+def serving(lab: labmod.Lab) -> str:
+    """Like a deployment's control plane, on the third host: a Ray node with nothing to
+    schedule on, then `meshyard serve` as its driver on the lab network (no checkpoint
+    storage: the hosts have only their own disks). Its URL."""
     cp = lab.hosts[2]
     assert cp.role == "plain"
-    # Like a deployment's control plane: a Ray node with nothing to schedule on, then serve
-    # as its driver, listening on the lab network.
     lab.start_ray(cp, cpus=0, gpus=0)
     lab.wait_nodes(3)
-    token = "lab-admin-token-" + "0" * 24
     lab.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip, "--port", "8470",
                       "--data-dir", f"{labmod.RUN_DIR}/meshyard",
                       "--ray-address", lab.ray_address, "--no-access-log"],
-                 log="serve.log", env={"MESHYARD_ADMIN_TOKEN": token,
+                 log="serve.log", env={"MESHYARD_ADMIN_TOKEN": _TOKEN,
                                        "MESHYARD_WARM_POOL_USER_CODE": "0"})
     lab.wait_port(cp, 8470, timeout=120)
-    code = _SUBMIT.replace("URL", repr(f"http://{cp.ip}:8470")).replace("TOKEN", repr(token))
-    # this control plane has no checkpoint storage: a job spread over hosts keeps none
-    proc = lab.python_in(lab.head, code.replace("CHECKPOINT", '{"enabled": False}'),
-                         timeout=240)  # the client on another host
-    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(cp, "serve.log")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["state"] == "SUCCEEDED", out["events"]
+    return f"http://{cp.ip}:8470"
+
+
+def _run_job(lab: labmod.Lab, url: str, spec: dict, code: str | None = None) -> dict:
+    """Submits from a client on the head (another host than the control plane's)."""
+    script = (_SUBMIT.replace("URL", repr(url)).replace("TOKEN", repr(_TOKEN))
+              .replace("SPEC", repr(json.dumps(spec))).replace("CODE", repr(code)))
+    proc = lab.python_in(lab.head, script, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(lab.hosts[2], "serve.log")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _two_hosts(lab: labmod.Lab, out: dict) -> list[labmod.Host]:
     ranks = {r["rank"]: r for r in out["ranks"]}
     assert sorted(ranks) == [0, 1]
     hosts = [lab.host(ranks[i]["node"]) for i in (0, 1)]
     assert hosts[0].name != hosts[1].name and hosts[0].ip != hosts[1].ip
     assert {h.role for h in hosts} == {"head", "worker"}  # not the control plane's host
-    assert [ranks[i]["step"] for i in (0, 1)] == [5, 5]
     master = next(e["data"]["master"] for e in out["events"]
                   if e["reason"] == "WORKERS_READY")
     assert master["addr"] == hosts[0].ip  # MASTER_ADDR: rank 0's host, on the lab network
+    return hosts
+
+
+@pytest.mark.slow
+def test_control_plane_on_its_own_host_places_a_job_across_two_hosts(lab: labmod.Lab,
+                                                                      serving: str):
+    out = _run_job(lab, serving, {**_BUILT_IN, "checkpoint": {"enabled": False}})
+    assert out["state"] == "SUCCEEDED", out["events"]
+    _two_hosts(lab, out)
+    assert [r["step"] for r in sorted(out["ranks"], key=lambda r: r["rank"])] == [5, 5]
 
     # The same job keeping checkpoints would split them over the two hosts' own disks: it
     # does not start, and says which setting to give.
-    proc = lab.python_in(lab.head, code.replace("CHECKPOINT", '{"every_steps": 2}'),
-                         timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(cp, "serve.log")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _run_job(lab, serving, {**_BUILT_IN, "checkpoint": {"every_steps": 2}})
     assert out["state"] == "FAILED", out["events"]
     refused = next(e for e in out["events"] if e["reason"] == "SETUP_ERROR")
     assert "landed on 2 hosts" in refused["message"]
     assert "MESHYARD_CHECKPOINT_STORAGE" in refused["message"]
     assert not any(e["reason"] == "WORKERS_READY" for e in out["events"])
+
+
+@pytest.mark.slow
+def test_user_scripts_meet_across_hosts_and_a_checkpoint_they_cannot_keep_is_refused(
+        lab: labmod.Lab, serving: str):
+    """Uploaded code reaches both hosts; the script's gloo rendezvous (after meshyard's
+    pre-flight check on its own port) meets at rank 0's host address. A function that reports
+    a checkpoint there, with no storage every host reads, fails naming the setting."""
+    ddp = {"version": 1, "name": "lab-script", "parallelism": {"dp_replicate": 2},
+           "resources": {"device": "cpu", "cpus_per_worker": 2},
+           "entrypoint": {"command": ["python", "train.py", "--steps", "8"]}}
+    out = _run_job(lab, serving, ddp, code="examples/byo/ddp")
+    assert out["state"] == "SUCCEEDED", (out["message"], out["events"])
+    _two_hosts(lab, out)
+    assert any(line.startswith("step 8 loss") for line in out["logs"]), out["logs"][-10:]
+    func = {"version": 1, "name": "lab-func", "parallelism": {"dp_replicate": 2},
+            "resources": {"device": "cpu", "cpus_per_worker": 2},
+            "entrypoint": {"function": "train:train_func",
+                           "config": {"lr": 0.001, "epochs": 1, "batch_size": 64}}}
+    out = _run_job(lab, serving, func, code="examples/byo/raytrain")
+    assert out["state"] == "FAILED", out["events"]
+    assert "meshyard cannot keep this checkpoint: the ranks landed on 2 hosts" in \
+        out["message"], out["message"]
+    assert "MESHYARD_CHECKPOINT_STORAGE" in out["message"]
 
 
 def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: labmod.Lab, report: dict):

@@ -101,6 +101,9 @@ class RankAssignment:
     # The job's checkpoints on shared storage (AttemptConfig.checkpoint_dir); None: under the
     # run dir.
     checkpoint_dir: str | None = None
+    # User code whose ranks landed on several hosts with checkpoints on host-local disks: why
+    # a reported checkpoint cannot be kept (runtime/checkpoint_storage.py); None: it can.
+    checkpoints_refused: str | None = None
 
     @property
     def runs_user_preflight(self) -> bool:

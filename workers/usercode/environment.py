@@ -108,7 +108,8 @@ def rank_env(a: RankAssignment, *, base: Mapping[str, str], code_dir: str, repor
         proto.MESH_DIM_NAMES: ",".join(DIMS),
         proto.MESH_SHAPE: ",".join(str(s) for s in mesh.sizes),
         proto.ZERO_STAGE: str(spec.parallelism.effective_zero_stage()),
-        proto.CHECKPOINT_DIR: str(Path(a.checkpoint_root).resolve()),
+        **({proto.CHECKPOINT_REFUSED: a.checkpoints_refused} if a.checkpoints_refused else
+           {proto.CHECKPOINT_DIR: str(Path(a.checkpoint_root).resolve())}),
         proto.INIT_TIMEOUT_S: str(spec.fault_tolerance.init_timeout_s),
         proto.REPORT_FILE: report_file, proto.PARENT_PID: str(parent_pid),
         "MESHYARD_RUN_DIR": str(Path(a.run_dir).resolve()),

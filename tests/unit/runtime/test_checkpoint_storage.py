@@ -27,6 +27,13 @@ def test_a_gang_on_two_hosts_with_host_local_checkpoints_is_refused_naming_the_s
     assert "checkpoint.enabled: false" in why
 
 
+def test_user_code_is_told_to_keep_no_checkpoint_not_to_change_a_field_it_cannot_set() -> None:
+    why = host_local_checkpoints(enabled=True, shared=False, root="/r",
+                                 ips={0: "10.0.0.1", 1: "10.0.0.2"}, user_code=True)
+    assert why is not None and why.endswith("or keep no checkpoint in this job")
+    assert "checkpoint.enabled" not in why
+
+
 @pytest.mark.parametrize("case", [
     {"enabled": False, "shared": False, "ips": {0: "10.0.0.1", 1: "10.0.0.2"}},  # none kept
     {"enabled": True, "shared": True, "ips": {0: "10.0.0.1", 1: "10.0.0.2"}},  # shared

@@ -81,6 +81,40 @@ def test_rank_env_is_torchrun_compatible_plus_meshyards_own() -> None:
     assert "MESHYARD_ADMIN_TOKEN" not in env and "DATABASE_URL" not in env
 
 
+def test_the_checkpoint_dir_is_on_the_storage_or_refused_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from meshyard.train import Checkpoint, _report
+    from meshyard.train import report as train_report
+
+    base = _assignment(0, local=0, gpus=(), node_rank=0)
+    shared = replace(base, checkpoint_dir=str(tmp_path / "storage" / "job-1"))
+    env = rank_env(shared, base={}, code_dir="/c", report_file="/r", debug={}, parent_pid=1)
+    assert env[proto.CHECKPOINT_DIR] == str(tmp_path / "storage" / "job-1")
+    assert proto.CHECKPOINT_REFUSED not in env
+    why = "the ranks landed on 2 hosts (10.0.0.1, 10.0.0.2) and checkpoints would go to ..."
+    refused = replace(base, checkpoints_refused=why)
+    env = rank_env(refused, base={}, code_dir="/c", report_file="/r", debug={}, parent_pid=1)
+    assert env[proto.CHECKPOINT_REFUSED] == why and proto.CHECKPOINT_DIR not in env
+    # in the rank: metrics report as usual; a checkpoint raises the reason
+    reports = tmp_path / "reports.jsonl"
+    monkeypatch.setenv(proto.REPORT_FILE, str(reports))
+    monkeypatch.setenv(proto.CHECKPOINT_REFUSED, why)
+    monkeypatch.delenv(proto.CHECKPOINT_DIR, raising=False)
+    _report._STATE.clear()
+    try:
+        train_report({"loss": 1.0, "step": 1})
+        (tmp_path / "ckpt").mkdir()
+        with pytest.raises(RuntimeError, match="meshyard cannot keep this checkpoint: the "
+                                               "ranks landed on 2 hosts"):
+            train_report({"loss": 0.5, "step": 2},
+                         checkpoint=Checkpoint.from_directory(str(tmp_path / "ckpt")))
+    finally:
+        _report._STATE.clear()
+    assert [json.loads(x)["step"] for x in reports.read_text().splitlines()] == [1]
+
+
 def test_cpu_ranks_get_no_cuda_visible_devices_from_meshyard() -> None:
     env = rank_env(_assignment(0, local=0, gpus=(), node_rank=0), base={}, code_dir="/c",
                    report_file="/r", debug={}, parent_pid=1)
