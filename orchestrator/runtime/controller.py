@@ -315,7 +315,7 @@ class AttemptController:
             if failures:
                 self._enter(AttemptPhase.STOPPING)
                 # The peers a death takes down end too (their errors name it): until every
-                # rank has ended, or 5 s for ranks that keep waiting (an NCCL peer).
+                # rank has ended, or none has for 5 s (ranks that keep waiting: an NCCL peer).
                 gang.settle(timeout_s=5.0)
                 watch.on_failures(gang, gang.failures())  # peers left waiting: diagnose
                 gang.stop_all(grace_s=max(grace, 3.0))

@@ -94,12 +94,20 @@ class WorkerGang:
             self._results[rank] = replace(result, time=result.time or time.time())
         return bool(done)
 
-    def settle(self, *, timeout_s: float) -> None:
-        """After a failure: waits (bounded) for the other ranks' ends that are on their way
-        (a dead process surfaces a moment after the errors it causes)."""
-        deadline = time.monotonic() + timeout_s
-        while len(self._results) < len(self._refs) and time.monotonic() < deadline:
+    def settle(self, *, timeout_s: float, max_s: float = 15.0) -> None:
+        """After a failure: waits for the other ranks' ends that are on their way (a dead
+        process surfaces a moment after the errors it causes), until every rank has ended or
+        none has for `timeout_s`, `max_s` at the most: a cascade of peers that lose one
+        another, slow to report on a loaded host, is seen whole."""
+        start = last_end = time.monotonic()
+        ended = len(self._results)
+        while len(self._results) < len(self._refs):
+            now = time.monotonic()
+            if now >= min(last_end + timeout_s, start + max_s):
+                return
             self.wait(timeout_s=0.1)
+            if len(self._results) > ended:
+                ended, last_end = len(self._results), time.monotonic()
 
     def drain(self) -> Drained:
         """Polls every live worker: metrics, log lines, heartbeats, per-rank updates."""
@@ -182,7 +190,7 @@ class WorkerGang:
         for r, w in self.workers.items():
             if r not in self._results:
                 w.stop.remote(rank_grace_s)
-        self.settle(timeout_s=grace_s)
+        self.settle(timeout_s=grace_s, max_s=grace_s)
 
     def kill(self, *, succeeded: bool = False) -> None:
         """Ends every worker (warm ones go back to the pool, see GangStart.release)."""
