@@ -32,6 +32,7 @@ any ep degree (ep = 1 included) that divides the experts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -110,9 +111,11 @@ def _save_error(exc: BaseException, *, step: int, root: Path, rank: int) -> Chec
             else f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1][:300]}")
     try:
         free = shutil.disk_usage(root).free
-        text += f"; {free} bytes free there" if free < (1 << 20) else ""
     except OSError:
-        pass
+        free = None
+    if free is not None and free < (1 << 20) and os.strerror(errno.ENOSPC) not in text:
+        # torch's own writer reports a full disk as a failed write at some position
+        text = f"{os.strerror(errno.ENOSPC)}: {free} bytes free there ({text})"
     newest = complete_steps(root)
     after = (f"a restart resumes from step {newest[-1]}, the newest complete checkpoint"
              if newest else "no complete checkpoint is kept: a restart starts from step 0")
