@@ -186,7 +186,8 @@ class AttemptWatchdog:
                 summaries[r] = s
         # ranks that ended or stay silent, and the dead: their last announced op, read on
         # their nodes
-        wanted = [r for r in gang.ranks if r not in summaries]
+        cut_off = set(unreachable_ranks(replies))  # their hosts answer no read either
+        wanted = [r for r in gang.ranks if r not in summaries and r not in cut_off]
         announced = gather_announcements({r: gang.ranks[r].node_id for r in wanted},
                                          run_dir=self.cfg.run_dir, timeout_s=_READ_TIMEOUT_S)
         for r in wanted:
