@@ -20,6 +20,7 @@ from typing import Any
 from deploy.lab import lab as labmod
 
 TOKEN = "lab-admin-token-" + "0" * 24
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 PORT = 8470
 
 # A 2-rank built-in job, one rank a host (each rank takes a whole 2-CPU host), that trains
@@ -150,10 +151,15 @@ class Watch:
             raise AssertionError(proc.stderr[-2000:])
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    def ended(self) -> str | None:
+        st = self.states()
+        return st[-1]["state"] if st and st[-1]["state"] in TERMINAL else None
+
     def cancel(self) -> None:
-        self.client("c.cancel(JOB).state.value")
-        self.wait("the job cancelled",
-                  lambda w: w.states() and w.states()[-1]["state"] == "CANCELLED", timeout=120)
+        """Cancels the job (one that already ended stays as it is) and waits for its end."""
+        if self.ended() is None:
+            self.client("c.cancel(JOB).state.value")
+        self.wait("the job's end", lambda w: w.ended(), timeout=120)
 
 
 def training(w: Watch, attempt: int, step: int) -> list[list[Any]] | None:

@@ -1,10 +1,12 @@
 """Ranks that stopped answering the controller's polls for a while and then answered again.
 
-The controller polls every live worker each tick. A rank whose worker answers no poll for
-`min_s` while the gang's other ranks keep answering, and then answers again, sat behind a
-link that dropped and came back (or on a host too busy to answer): training went on without a
-restart, and the job's events say so (`LinkGap`). A gap every rank shares is the controller's
-own (a slow or loaded control plane) and is not reported; a rank that never answers again is
+The controller polls every live worker each tick, one after the other, each poll bounded. A
+rank whose worker answers no poll for `min_s` while the gang's other ranks keep answering
+(another rank answered in the middle of the silence, or answered in a tick where this rank's
+poll timed out: `missed`), and then answers again, sat behind a link that dropped and came back
+(or on a host too busy to answer): training went on without a restart, and the job's events
+say so (`LinkGap`). A gap every rank shares is the controller's own (a slow or loaded control
+plane) and is not reported; a rank that never answers again is
 the hang watchdog's and the worker-death path's, not this.
 
 >>> g = AnswerGaps(min_s=4.0)
@@ -16,6 +18,9 @@ the hang watchdog's and the worker-death path's, not this.
 10.5
 >>> g.answered(0, at=30.0), g.answered(1, at=30.2)  # both silent: the controller's own gap
 (None, None)
+>>> g.answered(0, at=30.5); g.missed(1); g.answered(0, at=35.6)  # rank 1's poll timed out
+>>> g.answered(1, at=35.7)
+5.5
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ class AnswerGaps:
     def __init__(self, *, min_s: float = 4.0) -> None:
         self.min_s = min_s
         self._times: dict[int, deque[float]] = {}
+        self._missed: set[int] = set()
+
+    def missed(self, rank: int) -> None:
+        """`rank`'s poll timed out in a tick where another rank answered."""
+        self._missed.add(rank)
 
     def answered(self, rank: int, *, at: float) -> float | None:
         """Rank `rank`'s worker answered a poll at `at`; the silence it ends when it is a gap
@@ -36,8 +46,12 @@ class AnswerGaps:
         times = self._times.setdefault(rank, deque(maxlen=_KEPT))
         before = times[-1] if times else None
         times.append(at)
+        missed = rank in self._missed
+        self._missed.discard(rank)
         if before is None or at - before < self.min_s:
             return None
+        if missed:
+            return round(at - before, 1)
         # another rank answered in the middle of the silence: the controller was polling
         inside = (before + self.min_s / 2, at - self.min_s / 4)
         if any(inside[0] <= t <= inside[1] for r, ts in self._times.items() if r != rank

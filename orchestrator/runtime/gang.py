@@ -120,11 +120,17 @@ class WorkerGang:
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
         gaps: list[dict[str, Any]] = []
+        timed_out: list[int] = []
+        answered = False
         for r, ref in refs.items():
             try:
                 p: WorkerPoll = ray.get(ref, timeout=CALL_TIMEOUT_S)
-            except (RayActorError, GetTimeoutError, RayError):
-                continue  # the run ref reports the death; a slow poll is retried next tick
+            except GetTimeoutError:
+                timed_out.append(r)  # a slow or cut-off host: retried next tick
+                continue
+            except (RayActorError, RayError):
+                continue  # the run ref reports the death
+            answered = True
             silent = self._answers.answered(r, at=time.monotonic())
             if silent is not None:
                 gaps.append({"rank": r, "node": self.ranks[r].node or self.ranks[r].node_id,
@@ -148,6 +154,9 @@ class WorkerGang:
             elif r in self._last_step:
                 upd["step"] = self._last_step[r]
             ranks[r] = upd
+        if answered:
+            for r in timed_out:
+                self._answers.missed(r)
         for r, res in self._results.items():
             if res.failed:
                 ranks.setdefault(r, {})["state"] = RankState.FAILED

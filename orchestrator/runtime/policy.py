@@ -21,7 +21,11 @@ it has waited `placement.timeout_s`, unless its spec asks to wait for capacity.
 Avoid (for the job's next attempt): every node the hang watchdog named as a suspect, and from
 the third attempt on, every node that was among the failed nodes of two or more attempts. An
 attempt's failed nodes are those its cause points at (failures.Blame.NODE: the worker process
-died, or a device / NIC error); a user's exception or a lost peer names no node.
+died, or a device / NIC error); a user's exception or a lost peer names no node. When avoiding
+all of them leaves the job nowhere to go, it avoids as many as still let it fit, the nodes
+named by the most failed attempts kept longest (`fewer_avoided`): a slow link between two
+hosts names both, and the next placement then keeps away from one of them instead of from
+neither.
 
 >>> restart_decision(attempt=1, failed=1, max_failures=3, reason=Reason.WORKER_CRASH,
 ...                  message="rank 0 died").outcome
@@ -30,6 +34,7 @@ died, or a device / NIC error); a user's exception or a lost peer names no node.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -137,6 +142,21 @@ def avoid_nodes(*, current_attempt: int, failures: Sequence[AttemptFailure]) -> 
     if current_attempt < 2:
         return suspects
     return nodes_failed_twice(f.failed_nodes for f in failures) | suspects
+
+
+def fewer_avoided(avoid: Iterable[str], failures: Sequence[AttemptFailure]) -> list[list[str]]:
+    """Smaller avoid lists to try, in order, when avoiding all of `avoid` does not fit: the
+    nodes the most failed attempts named (as suspects or failed nodes) are kept longest; ties
+    by name. Ends with the empty list.
+
+    >>> f = [AttemptFailure(1, avoid_nodes=("h1", "h2")),
+    ...      AttemptFailure(2, avoid_nodes=("h2", "h3"))]
+    >>> fewer_avoided({"h1", "h2", "h3"}, f)
+    [['h2', 'h1'], ['h2'], []]
+    """
+    named = Counter(n for f in failures for n in {*f.avoid_nodes, *f.failed_nodes})
+    order = sorted(avoid, key=lambda n: (-named[n], n))
+    return [order[:k] for k in range(len(order) - 1, -1, -1)]
 
 
 def fail_infeasible(*, infeasible_since: float, now: float, timeout_s: float,

@@ -73,9 +73,10 @@ from orchestrator.runtime.launcher import AttemptLauncher
 from orchestrator.runtime.node_health import current_view
 from orchestrator.runtime.nodes import read_ray_nodes
 from orchestrator.runtime.plan_memo import PlanMemo
+from orchestrator.runtime.policy import fewer_avoided
 from orchestrator.runtime.running_jobs import JobEstimates, queued_job, running_jobs
 from orchestrator.runtime.spares import SpareControllers
-from orchestrator.runtime.waiting import job_avoids, record_pending, record_reason
+from orchestrator.runtime.waiting import job_avoids, job_failures, record_pending, record_reason
 from orchestrator.scheduling.aging import effective_priority
 from orchestrator.scheduling.jobs import Planner, QueuedJob, RunningJob
 from orchestrator.scheduling.preemption import MIN_RUN_S, choose_preemption
@@ -370,12 +371,15 @@ class Scheduler:
                                       suspect=health.suspect, figures=figures)
         if avoid and isinstance(decision, Pending) and decision.kind == PendingKind.INFEASIBLE:
             # Avoiding the nodes its failed attempts point at never makes a job unplaceable:
-            # when nothing else fits it, it may use them again (and says so).
-            again = self._plan_healthy(spec, snap, avoid=set(health.cordoned),
-                                       suspect=health.suspect, figures=figures)
-            if not (isinstance(again, Pending) and again.kind == PendingKind.INFEASIBLE):
-                self._note_avoid_dropped(job, avoid)
-                avoid, decision = set(), again
+            # when nothing else fits it, it avoids fewer of them, those the most failures
+            # named kept longest, down to none (and says so).
+            for keep in fewer_avoided(avoid, job_failures(self.store, job)):
+                again = self._plan_healthy(spec, snap, avoid=set(keep) | health.cordoned,
+                                           suspect=health.suspect, figures=figures)
+                if not (isinstance(again, Pending) and again.kind == PendingKind.INFEASIBLE):
+                    self._note_avoid_dropped(job, avoid - set(keep))
+                    avoid, decision = set(keep), again
+                    break
         if isinstance(decision, Pending) and decision.kind == PendingKind.INFEASIBLE:
             decision = self._around_cordons(decision, spec, snap, avoid=avoid, health=health,
                                             figures=figures)
@@ -458,7 +462,8 @@ class Scheduler:
         nodes = ", ".join(sorted(avoid))
         self.store.add_event(job.id, kind=JobEventKind.INFO, reason=Reason.REQUEUED.value,
                              message=f"attempt {job.current_attempt + 1} may use {nodes} again: "
-                             "earlier attempts failed there, but no other node fits the job",
+                             "earlier attempts failed there, but the job does not fit while it "
+                             "avoids them all",
                              data={"avoid_dropped": sorted(avoid)})
 
     def _avoid(self, job: JobRecord) -> set[str]:

@@ -18,13 +18,16 @@ from orchestrator.store.repo import Store
 _START_MOVES_S = 30.0
 
 
+def job_failures(store: Store, job: JobRecord) -> list[AttemptFailure]:
+    return [AttemptFailure.from_event_data(e.data)
+            for e in store.list_events(job.id) if e.kind == JobEventKind.ERROR]
+
+
 def job_avoids(store: Store, job: JobRecord) -> set[str]:
     """Nodes the job's next attempt avoids (`policy.avoid_nodes` over its failures)."""
     if job.current_attempt < 1:
         return set()
-    failures = [AttemptFailure.from_event_data(e.data)
-                for e in store.list_events(job.id) if e.kind == JobEventKind.ERROR]
-    return avoid_nodes(current_attempt=job.current_attempt, failures=failures)
+    return avoid_nodes(current_attempt=job.current_attempt, failures=job_failures(store, job))
 
 
 def record_reason(store: Store, job: JobRecord, reason: dict[str, Any]) -> None:

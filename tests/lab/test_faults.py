@@ -172,3 +172,28 @@ def test_full_checkpoint_storage_fails_the_save_naming_host_and_path_and_nothing
     rows = w.client("[[m.attempt, m.step] for m in c.metrics(JOB, rank=0).items]")
     assert min(step for attempt, step in rows if attempt == 2) == kept[-1] + 1
     w.cancel()
+
+
+def test_a_link_down_for_5_s_is_a_link_gap_not_a_restart(lab: labmod.Lab):
+    """A flapping link: rank 1's host is cut off for 5 s, then back. The collective waits and
+    recovers (TCP retransmits), the job keeps its attempt, and the job's events hold a
+    LINK_GAP warning naming the host and how long it answered nothing."""
+    w = Watch(lab, "watch-flap.log")
+    ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 20), timeout=300)
+    victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
+    at = max(r[2] for r in ranks)
+    lab.link_down(victim)
+    try:
+        time.sleep(5)
+    finally:
+        lab.link_up(victim)
+    gap = w.wait("a link gap", lambda w: next(
+        (e for e in w.events() if e["reason"] == "LINK_GAP"), None), timeout=120)
+    print(f"flapping link: {gap['message']}")
+    assert f"on {victim.name} ({victim.ip})" in gap["message"]
+    assert gap["data"]["silent_s"] >= 4.0
+    w.wait("attempt 1 training on", lambda w: training(w, 1, at + 20), timeout=180)
+    assert w.client("[a.state for a in c.attempts(JOB).items]") == ["RUNNING"]
+    failures = {r.value for r in FAILURE_REASONS}
+    assert not [e for e in w.events() if e["reason"] in failures], w.events()
+    w.cancel()

@@ -55,6 +55,30 @@ def test_two_flaps_of_one_rank_are_two_gaps() -> None:
     assert [(r, round(g)) for r, g in got] == [(0, 6), (2, 6)]
 
 
+def _blocking_ticks(gaps: AnswerGaps, *, down: tuple[float, float], until: float = 30,
+                    timeout: float = 5.0) -> list[tuple[int, float]]:
+    """As the controller polls: rank 0 then rank 1, each poll waiting up to `timeout`; rank
+    1's host is cut off during `down`, so its poll blocks the tick until it times out."""
+    out, t = [], 0.0
+    while t <= until:
+        gaps.answered(0, at=t)  # rank 0 answers every tick
+        if down[0] <= t < down[1]:
+            t += timeout  # the poll to rank 1 times out
+            gaps.missed(1)
+        else:
+            gap = gaps.answered(1, at=t + 0.05)
+            if gap is not None:
+                out.append((1, gap))
+        t += 0.5
+    return out
+
+
+def test_a_rank_whose_polls_time_out_while_its_peer_answers_is_a_gap() -> None:
+    got = _blocking_ticks(AnswerGaps(), down=(6.0, 11.0))
+    assert got == [(1, 6.0)]  # from its last answer (5.55) to its next (11.55)
+    assert _blocking_ticks(AnswerGaps(), down=(6.0, 6.4), timeout=2.0) == []  # 2.6 s: short
+
+
 def test_a_gap_is_stored_as_a_warning_naming_rank_host_and_seconds(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
     try:

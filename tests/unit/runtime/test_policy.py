@@ -9,6 +9,7 @@ from orchestrator.runtime.policy import (
     AttemptFailure,
     Outcome,
     avoid_nodes,
+    fewer_avoided,
     restart_decision,
 )
 from orchestrator.spec import WatchdogAction
@@ -91,3 +92,24 @@ def test_a_user_error_fails_at_once_and_names_how_to_retry_it() -> None:
                          message="ConnectionError", user_error=False)
     assert d.outcome == Outcome.RESTART
 
+
+def test_policy_docstring_examples() -> None:
+    import doctest
+
+    from orchestrator.runtime import policy
+
+    assert doctest.testmod(policy).failed == 0
+
+
+@pytest.mark.parametrize("avoid,failures,expected", [
+    # a slow link between h1 and h2 named both: keep away from one of them first
+    ({"h1", "h2"}, [_f(1, avoid=("h1", "h2"))], [["h1"], []]),
+    # the second attempt, placed on h1 + h3, failed too: h1 is named twice, kept longest
+    ({"h1", "h2", "h3"}, [_f(1, avoid=("h1", "h2")), _f(2, avoid=("h1", "h3"))],
+     [["h1", "h2"], ["h1"], []]),
+    # failed nodes count like suspects; one node: only the empty list is left
+    ({"n2"}, [_f(1, failed=("n2",)), _f(2, failed=("n2",))], [[]]),
+])
+def test_fewer_avoided_keeps_the_most_named_nodes_longest(
+        avoid: set[str], failures: list[AttemptFailure], expected: list[list[str]]) -> None:
+    assert fewer_avoided(avoid, failures) == expected
