@@ -223,6 +223,7 @@ def main() -> int:
         print(f"chaos: the lab cannot run here: {why}", file=sys.stderr)
         return 2
     results: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
     lab = labjobs.up(3)
     try:
         lab.spawn_in(lab.head, [sys.executable, "-c", _RAY_WATCH, lab.ray_address],
@@ -239,7 +240,8 @@ def main() -> int:
     finally:
         left = labmod.down()
     doc = {"when": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-           "load_avg_1m": os.getloadavg()[0], "results": results, "lab_left": left}
+           "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+           "results": results, "lab_left": left}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0 if not left else 1
