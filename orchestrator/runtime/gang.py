@@ -26,6 +26,11 @@ from workers.host.assignment import RankResult, WorkerPoll, WorkerState
 
 __all__ = ["Drained", "WorkerGang"]
 
+# A rank whose run call broke off with its actor "temporarily unavailable" (a cut-off host)
+# is dead once its actor has answered nothing for this long; a link that comes back sooner
+# costs nothing.
+UNSURE_S = 15.0
+
 
 def _death_message(exc: BaseException) -> str:
     """What a rank's worker death says: 'worker unreachable: ...' when Ray lost the worker's
@@ -50,6 +55,9 @@ class WorkerGang:
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
         self._answers = AnswerGaps()
+        # rank -> (since, message): its run call failed with the actor "temporarily
+        # unavailable" (its host's link dropped): alive or dead is known by its next answer
+        self._unsure: dict[int, tuple[float, str]] = {}
 
     @property
     def workers(self) -> dict[int, Any]:
@@ -75,14 +83,21 @@ class WorkerGang:
     # -- supervise --------------------------------------------------------------------------
     def wait(self, *, timeout_s: float) -> bool:
         """Collects finished runs; True when at least one finished in this call."""
-        pending = [ref for ref, r in self._refs.items() if r not in self._results]
+        ended = self._settle_unsure()
+        pending = [ref for ref, r in self._refs.items()
+                   if r not in self._results and r not in self._unsure]
         if not pending:
-            return True
+            return ended or not self._unsure
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
         for ref in done:
             rank = self._refs[ref]
             try:
                 result: RankResult = ray.get(ref)
+            except ActorUnavailableError as exc:
+                # The call's connection broke; the actor may run on (a link that drops and
+                # comes back). Its next answer says which (_settle_unsure).
+                self._unsure[rank] = (time.monotonic(), _death_message(exc))
+                continue
             except RayActorError as exc:
                 self._dead.add(rank)
                 self.out.died(rank)
@@ -92,7 +107,40 @@ class WorkerGang:
                 result = RankResult(rank=rank, state=WorkerState.ERROR,
                                     error_type=type(exc).__name__, message=str(exc))
             self._results[rank] = replace(result, time=result.time or time.time())
-        return bool(done)
+        return bool(done) or ended
+
+    def _settle_unsure(self) -> bool:
+        """Ranks whose run call broke off: the run's result once the actor answers that it
+        ended (asked each call while it runs on), or a death once it has answered nothing for
+        UNSURE_S or Ray says it died."""
+        ended = False
+        for rank, (since, message) in list(self._unsure.items()):
+            try:
+                result = ray.get(self.workers[rank].result.remote(), timeout=0.5)
+            except GetTimeoutError:
+                if time.monotonic() - since < UNSURE_S:
+                    continue
+                result = RankResult(rank=rank, state=WorkerState.ERROR, error_type="WorkerDied",
+                                    message=message)
+            except RayActorError as exc:
+                if isinstance(exc, ActorUnavailableError) and \
+                        time.monotonic() - since < UNSURE_S:
+                    continue
+                result = RankResult(rank=rank, state=WorkerState.ERROR,
+                                    error_type="WorkerDied", message=_death_message(exc))
+            except RayError as exc:
+                result = RankResult(rank=rank, state=WorkerState.ERROR,
+                                    error_type=type(exc).__name__, message=str(exc))
+            if result is None:  # alive and still running: the link came back; its end comes
+                self._unsure[rank] = (time.monotonic(), message)  # through result() too
+                continue
+            del self._unsure[rank]
+            if result.error_type == "WorkerDied":
+                self._dead.add(rank)
+                self.out.died(rank)
+            self._results[rank] = replace(result, time=result.time or time.time())
+            ended = True
+        return ended
 
     def settle(self, *, timeout_s: float, max_s: float = 15.0) -> None:
         """After a failure: waits for the other ranks' ends that are on their way (a dead

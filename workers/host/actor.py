@@ -254,7 +254,18 @@ class WorkerActor:
     def run(self, assignment: RankAssignment) -> RankResult:
         """Trains one rank to completion (or until stopped). Never raises for training errors:
         returns an ERROR result so the controller can group messages; a dead process shows up
-        as RayActorError on this call instead."""
+        as RayActorError on this call instead. The result is also kept for `result()`: a
+        caller whose connection to this actor broke while it ran asks again."""
+        self._result: RankResult | None = None
+        self._result = self._run(assignment)
+        return self._result
+
+    @ray.method(concurrency_group="control")
+    def result(self) -> RankResult | None:
+        """The last run's result; None while it runs (or before any)."""
+        return getattr(self, "_result", None)
+
+    def _run(self, assignment: RankAssignment) -> RankResult:
         rank = assignment.rank
         self._stop.reset()
         self._buf = _Buffer(rank=rank, metrics_file=assignment.log_path("metrics.jsonl"))
