@@ -55,6 +55,7 @@ class WorkerGang:
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
         self._answers = AnswerGaps()
+        self._gaps: list[dict[str, Any]] = []  # found by polls or diagnostics calls, not sent
         # rank -> (since, message): its run call failed with the actor "temporarily
         # unavailable" (its host's link dropped): alive or dead is known by its next answer
         self._unsure: dict[int, tuple[float, str]] = {}
@@ -112,18 +113,21 @@ class WorkerGang:
     def _settle_unsure(self) -> bool:
         """Ranks whose run call broke off: the run's result once the actor answers that it
         ended (asked each call while it runs on), or a death once it has answered nothing for
-        UNSURE_S or Ray says it died."""
+        UNSURE_S, Ray says it died, or another rank failed."""
         ended = False
+        # another rank failed meanwhile (its peer went away): the attempt ends, and the
+        # unreachable one is its likely cause, not a bystander
+        others_failed = any(res.failed for res in self._results.values())
         for rank, (since, message) in list(self._unsure.items()):
             try:
                 result = ray.get(self.workers[rank].result.remote(), timeout=0.5)
             except GetTimeoutError:
-                if time.monotonic() - since < UNSURE_S:
+                if time.monotonic() - since < UNSURE_S and not others_failed:
                     continue
                 result = RankResult(rank=rank, state=WorkerState.ERROR, error_type="WorkerDied",
                                     message=message)
             except RayActorError as exc:
-                if isinstance(exc, ActorUnavailableError) and \
+                if isinstance(exc, ActorUnavailableError) and not others_failed and \
                         time.monotonic() - since < UNSURE_S:
                     continue
                 result = RankResult(rank=rank, state=WorkerState.ERROR,
@@ -167,7 +171,6 @@ class WorkerGang:
         usage: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
-        gaps: list[dict[str, Any]] = []
         timed_out: list[int] = []
         answered = False
         for r, ref in refs.items():
@@ -179,10 +182,7 @@ class WorkerGang:
             except (RayActorError, RayError):
                 continue  # the run ref reports the death
             answered = True
-            silent = self._answers.answered(r, at=time.monotonic())
-            if silent is not None:
-                gaps.append({"rank": r, "node": self.ranks[r].node or self.ranks[r].node_id,
-                             "host": self.ranks[r].ip, "silent_s": silent})
+            self._heard(r)
             metrics.extend(p.metrics)
             logs.extend(p.logs)
             checkpoints.extend(p.checkpoints)
@@ -212,7 +212,7 @@ class WorkerGang:
         self.out.remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
                        usage=tuple(usage), checkpoints=tuple(checkpoints),
-                       collectives=collectives, gaps=tuple(gaps))
+                       collectives=collectives, gaps=tuple(self._take_gaps()))
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
@@ -257,12 +257,32 @@ class WorkerGang:
         refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
                 if r not in self._dead}
         out: dict[int, Any] = {}
+        silent = []
         for r, ref in refs.items():
             try:
                 out[r] = ray.get(ref, timeout=timeout_s)
             except (RayError, GetTimeoutError) as exc:
                 out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                if isinstance(exc, GetTimeoutError):
+                    silent.append(r)
+        # A rank that answered no diagnostics call while another did was silent (its next
+        # poll answer ends a link gap); an answer here, which can take seconds of evidence
+        # gathering, says nothing about when the rank was reachable.
+        if len(silent) < len(refs):
+            for r in silent:
+                self._answers.missed(r)
         return out
+
+    def _take_gaps(self) -> list[dict[str, Any]]:
+        gaps, self._gaps = self._gaps, []
+        return gaps
+
+    def _heard(self, rank: int) -> None:
+        silent = self._answers.answered(rank, at=time.monotonic())
+        if silent is not None:
+            self._gaps.append({"rank": rank, "node": self.ranks[rank].node
+                               or self.ranks[rank].node_id, "host": self.ranks[rank].ip,
+                               "silent_s": silent})
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""
