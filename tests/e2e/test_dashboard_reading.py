@@ -32,6 +32,10 @@ TINY = {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size":
         "seq_len": 16}
 
 # A script that logs a caught traceback (naming a long path), then runs all_reduces forever.
+# The all_reduce and the sleep after it are one line, so a rank's own frame is that line
+# whether it waits in the collective or sleeps: the stacks of both ranks group as one (on
+# two lines, a rank sleeping while its peer waits in the collective, common on a loaded
+# host, made two groups).
 SCRIPT = textwrap.dedent('''\
     import time
     import traceback
@@ -50,10 +54,9 @@ SCRIPT = textwrap.dedent('''\
     step = 0
     while True:
         step += 1
-        dist.all_reduce(t)
+        dist.all_reduce(t); time.sleep(0.05)  # noqa: E702
         if step % 20 == 0:
             print(f"rank {rank} all_reduce {step}", flush=True)
-        time.sleep(0.05)
 ''')
 # One rank that fails naming a path with no place to break it.
 FAILING = 'raise FileNotFoundError(2, "No such file", "/data/" + "x" * 240 + "/shard.bin")\n'
