@@ -88,6 +88,8 @@ class WorkerGang:
         pending = [ref for ref, r in self._refs.items()
                    if r not in self._results and r not in self._unsure]
         if not pending:
+            if self._unsure and not ended:
+                time.sleep(timeout_s)  # only unsure ranks left: asked again next call
             return ended or not self._unsure
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
         for ref in done:
