@@ -55,7 +55,6 @@ class WorkerGang:
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
         self._answers = AnswerGaps()
-        self._gaps: list[dict[str, Any]] = []  # found by polls or diagnostics calls, not sent
         # rank -> (since, message): its run call failed with the actor "temporarily
         # unavailable" (its host's link dropped): alive or dead is known by its next answer
         self._unsure: dict[int, tuple[float, str]] = {}
@@ -174,6 +173,7 @@ class WorkerGang:
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
         timed_out: list[int] = []
+        gaps: list[dict[str, Any]] = []
         answered = False
         for r, ref in refs.items():
             try:
@@ -184,7 +184,11 @@ class WorkerGang:
             except (RayActorError, RayError):
                 continue  # the run ref reports the death
             answered = True
-            self._heard(r)
+            silent = self._answers.answered(r, at=time.monotonic())
+            if silent is not None:
+                info = self.ranks[r]
+                gaps.append({"rank": r, "node": info.node or info.node_id, "host": info.ip,
+                             "silent_s": silent})
             metrics.extend(p.metrics)
             logs.extend(p.logs)
             checkpoints.extend(p.checkpoints)
@@ -214,7 +218,7 @@ class WorkerGang:
         self.out.remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
                        usage=tuple(usage), checkpoints=tuple(checkpoints),
-                       collectives=collectives, gaps=tuple(self._take_gaps()))
+                       collectives=collectives, gaps=tuple(gaps))
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
@@ -274,17 +278,6 @@ class WorkerGang:
             for r in silent:
                 self._answers.missed(r)
         return out
-
-    def _take_gaps(self) -> list[dict[str, Any]]:
-        gaps, self._gaps = self._gaps, []
-        return gaps
-
-    def _heard(self, rank: int) -> None:
-        silent = self._answers.answered(rank, at=time.monotonic())
-        if silent is not None:
-            self._gaps.append({"rank": rank, "node": self.ranks[rank].node
-                               or self.ranks[rank].node_id, "host": self.ranks[rank].ip,
-                               "silent_s": silent})
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""

@@ -97,7 +97,8 @@ def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
     """Every rank's rows, each read on its node (`nodes`: rank -> Ray node id) by a Ray task
     pinned there; ranks with no node are read here."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from orchestrator.runtime.on_nodes import run_on_nodes
 
     alive = ({n["NodeID"] for n in ray.nodes() if n.get("Alive")}
              if ray.is_initialized() else set())
@@ -111,18 +112,15 @@ def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
     for rank in missing:
         if nodes.get(rank):  # it ran somewhere else, now gone
             out.unrecovered[rank] = "its node is gone"
-    reader = ray.remote(num_cpus=0, max_retries=0)(read_attempt_rows) if by_node else None
-    refs = {node: reader.options(  # type: ignore[union-attr]
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            str(run_dir), attempt, ranks) for node, ranks in by_node.items()}
-    for node, ref in refs.items():
-        try:
-            rows, _ = ray.get(ref, timeout=NODE_READ_TIMEOUT_S)
-            out.rows += rows
-        except Exception as exc:  # noqa: BLE001 - a cut-off node: its ranks are named
-            ray.cancel(ref, force=True)
+    got = run_on_nodes(read_attempt_rows, {
+        node: {"run_dir": str(run_dir), "attempt": attempt, "ranks": ranks}
+        for node, ranks in by_node.items()}, timeout_s=NODE_READ_TIMEOUT_S)
+    for node, found in got.items():
+        if isinstance(found, Exception):  # a cut-off node: its ranks are named
             for rank in by_node[node]:
-                out.unrecovered[rank] = f"its node did not answer ({type(exc).__name__})"
+                out.unrecovered[rank] = f"its node did not answer ({type(found).__name__})"
+        else:
+            out.rows += found[0]
     return out
 
 

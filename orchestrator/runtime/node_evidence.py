@@ -14,9 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+from orchestrator.runtime.on_nodes import run_on_nodes
 from orchestrator.watchdog.evidence_files import PathLike, node_dir, read_announcement
 from orchestrator.watchdog.gpu_errors import gpu_errors, to_dicts
 
@@ -82,19 +80,16 @@ def gather_node_evidence(nodes: Mapping[str, str | None], *, run_dir: str, stamp
                          timeout_s: float) -> NodeEvidence:
     """`collect_node_evidence` on every node (Ray node id -> node name); a node that does not
     answer in time adds nothing (the rest of the round must not wait on it)."""
-    task: Any = ray.remote(num_cpus=0)(collect_node_evidence)  # type: ignore[arg-type]
-    refs = {name or nid: task.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
-        .remote(run_dir, stamp=stamp, node=name) for nid, name in nodes.items()}
+    got = run_on_nodes(collect_node_evidence, {
+        nid: {"run_dir": run_dir, "stamp": stamp, "node": name} for nid, name in nodes.items()},
+        timeout_s=timeout_s)
     out = NodeEvidence()
-    for name, ref in refs.items():
-        try:
-            got = ray.get(ref, timeout=timeout_s)
-        except Exception:  # noqa: BLE001 - a missing nvidia-smi dump is not fatal
+    for nid, ev in got.items():
+        if isinstance(ev, Exception):  # a missing nvidia-smi dump is not fatal
             continue
-        out.paths.extend(got.get("paths") or [])
-        if got.get("gpus"):
-            out.gpus[name] = list(got["gpus"])
+        out.paths.extend(ev.get("paths") or [])
+        if ev.get("gpus"):
+            out.gpus[nodes[nid] or nid] = list(ev["gpus"])
     return out
 
 
@@ -111,13 +106,8 @@ def gather_announcements(nodes: Mapping[int, str | None], *, run_dir: str,
     for rank, nid in nodes.items():
         if nid:
             by_node.setdefault(nid, []).append(rank)
-    task: Any = ray.remote(num_cpus=0, max_retries=0)(read_announcements)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
-            .remote(run_dir, ranks) for nid, ranks in by_node.items()]
-    out: dict[int, dict[str, Any]] = {}
-    for ref in refs:
-        try:
-            out.update(ray.get(ref, timeout=timeout_s))
-        except Exception:  # noqa: BLE001 - a dead or cut-off node: no announcement from it
-            ray.cancel(ref, force=True)
-    return out
+    got = run_on_nodes(read_announcements, {
+        nid: {"run_dir": run_dir, "ranks": ranks} for nid, ranks in by_node.items()},
+        timeout_s=timeout_s)
+    return {r: a for found in got.values() if not isinstance(found, Exception)
+            for r, a in found.items()}

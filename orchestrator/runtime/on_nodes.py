@@ -1,0 +1,29 @@
+"""Running a function where the files are: one Ray task pinned to each node (hard node
+affinity), for what a rank left on its host's disk (log tails, metrics files, announcements,
+node evidence) and that the control plane never reads through its own disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+
+def run_on_nodes(fn: Callable[..., Any], work: Mapping[str, Mapping[str, Any]], *,
+                 timeout_s: float) -> dict[str, Any]:
+    """`fn(**kwargs)` on each node of `work` (Ray node id -> kwargs), all at once; per node
+    its value, or the exception when it failed or did not answer within `timeout_s` (the
+    task is then cancelled: a cut-off node must not hold the caller)."""
+    task: Any = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = {nid: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        nid, soft=False)).remote(**kwargs) for nid, kwargs in work.items()}
+    out: dict[str, Any] = {}
+    for nid, ref in refs.items():
+        try:
+            out[nid] = ray.get(ref, timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a dead or cut-off node: the caller decides
+            ray.cancel(ref, force=True)
+            out[nid] = exc
+    return out
