@@ -98,6 +98,10 @@ def _outcome(w: Watch, kind: str, victim: labmod.Host, t0: float, at_fault: int,
     late = [e for e in w.events() if _at(e) >= t0 - 1 and _explains(e, kind)]
     first = late[0] if late else None
     out["detected_s"] = round(_at(first) - t0, 1) if first else None
+    for e in w.events():  # the timeline, for the reader of the run's output
+        if _at(e) >= t0 - 1:
+            print(f"  {kind} +{_at(e) - t0:6.1f} s {e['reason']}: {e['message'][:150]}",
+                  flush=True)
     out["verdict"] = (f"{first['reason']}: {first['message'][:240]}" if first else None)
     out["host_named"] = any(victim.name in e["message"] for e in late)
     out["node_state"] = node_state(w, victim.name) if kind != "control_plane" else None

@@ -88,6 +88,41 @@ class ClusterSnapshot:
                          free_cpus=free)
 
 
+def newest_per_name(ray_nodes: list[RayNode], *, first_seen: Mapping[str, float],
+                    stored: Mapping[str, str | None] | None = None
+                    ) -> tuple[list[RayNode], list[tuple[str, list[str]]]]:
+    """One Ray node per `meshyard.io/node` name. A host whose Ray restarts joins as a new node
+    while Ray still lists its old incarnation alive (until the missed heartbeats add up, about
+    a minute): of two live nodes with one name, the one this process first saw later is kept;
+    seen at once, the one the store holds for the name (`stored`: name -> node id), else the
+    larger node id. Returns the nodes kept, in their order, and per duplicated name the ids
+    left out.
+
+    >>> a = RayNode("aa", "10.0.0.3", {NODE_NAME_LABEL: "h3"}, 0, 2.0, 0, 2.0)
+    >>> b = RayNode("bb", "10.0.0.3", {NODE_NAME_LABEL: "h3"}, 0, 2.0, 0, 2.0)
+    >>> kept, dropped = newest_per_name([b, a], first_seen={"aa": 1.0, "bb": 9.0})
+    >>> [n.node_id for n in kept], dropped
+    (['bb'], [('h3', ['aa'])])
+    """
+    stored = stored or {}
+    groups: dict[str, list[RayNode]] = {}
+    for rn in ray_nodes:
+        name = rn.labels.get(NODE_NAME_LABEL)
+        if name:
+            groups.setdefault(name, []).append(rn)
+    drop: set[str] = set()
+    dropped = []
+    for name, group in sorted(groups.items()):
+        if len(group) < 2:
+            continue
+        keep = max(group, key=lambda rn: (first_seen.get(rn.node_id, 0.0),
+                                          stored.get(name) == rn.node_id, rn.node_id))
+        out = sorted(rn.node_id for rn in group if rn is not keep)
+        drop.update(out)
+        dropped.append((name, out))
+    return [rn for rn in ray_nodes if rn.node_id not in drop], dropped
+
+
 def _match(ray_nodes: list[RayNode], declared: ClusterTopology | None
            ) -> list[tuple[RayNode, ClusterNode | None]]:
     if declared is None:

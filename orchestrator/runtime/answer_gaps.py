@@ -21,6 +21,8 @@ the hang watchdog's and the worker-death path's, not this.
 >>> g.answered(0, at=30.5); g.missed(1); g.answered(0, at=35.6)  # rank 1's poll timed out
 >>> g.answered(1, at=35.7)
 5.5
+>>> g.answered(0, at=50.0); g.silent_for(1, now=51.0), g.silent_for(0, now=51.0)
+(15.3, 0.0)
 """
 
 from __future__ import annotations
@@ -39,6 +41,19 @@ class AnswerGaps:
     def missed(self, rank: int) -> None:
         """`rank`'s poll timed out in a tick where another rank answered."""
         self._missed.add(rank)
+
+    def silent_for(self, rank: int, *, now: float) -> float:
+        """How long `rank` has answered no poll while another rank answered well after it (in
+        a later tick: a cut-off host); 0.0 when no other rank did (every rank silent: the
+        controller's own gap) or `rank` never answered."""
+        times = self._times.get(rank)
+        if not times:
+            return 0.0
+        last = times[-1]
+        later = last + self.min_s / 2
+        if not any(ts and ts[-1] > later for r, ts in self._times.items() if r != rank):
+            return 0.0
+        return round(max(0.0, now - last), 1)
 
     def answered(self, rank: int, *, at: float) -> float | None:
         """Rank `rank`'s worker answered a poll at `at`; the silence it ends when it is a gap

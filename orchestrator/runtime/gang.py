@@ -26,10 +26,49 @@ from workers.host.assignment import RankResult, WorkerPoll, WorkerState
 
 __all__ = ["Drained", "WorkerGang"]
 
-# A rank whose run call broke off with its actor "temporarily unavailable" (a cut-off host)
-# is dead once its actor has answered nothing for this long; a link that comes back sooner
-# costs nothing.
+# A rank whose worker has answered nothing for this long while its peers answered (its polls
+# timed out, or its run call broke off with the actor "temporarily unavailable") is dead: its
+# host is down or cut off. Ray itself declares such a node dead only after about a minute; a
+# link that comes back sooner costs nothing.
 UNSURE_S = 15.0
+# A rank that has answered no poll for CUT_OFF_S while its peers answered sits behind a cut-off
+# link or on a dead host: a call to it is waited for only CUT_OFF_GRACE_S beyond the others'
+# answers, not its full timeout (a partition must not cost every diagnostics call 20 s).
+CUT_OFF_S = 10.0
+CUT_OFF_GRACE_S = 3.0
+_POLLS_KEPT = 3  # poll calls a rank may have out at once
+
+
+def gather_answers(refs: dict[Any, Any], *, timeout_s: float, cut_off: set[Any] | None = None,
+                   grace_s: float = CUT_OFF_GRACE_S) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """The answers of the calls `refs` (a key, such as the rank -> ObjectRef) that come within
+    one deadline of `timeout_s` for all of them; the keys in `cut_off` are waited for at most
+    `grace_s` once every other call answered. Returns (values, errors): per key its value, or
+    the RayError its call raised, or a GetTimeoutError when it did not answer in time."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    pending = {ref: r for r, ref in refs.items()}
+    values: dict[Any, Any] = {}
+    errors: dict[Any, Any] = {}
+    others_done: float | None = None
+    while pending:
+        now = time.monotonic()
+        if others_done is None and cut_off is not None and set(pending.values()) <= cut_off:
+            others_done = now
+        end = deadline if others_done is None else min(deadline, others_done + grace_s)
+        if now >= end:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=end - now)
+        for ref in ready:
+            r = pending.pop(ref)
+            try:
+                values[r] = ray.get(ref, timeout=0)
+            except RayError as exc:
+                errors[r] = exc
+    for r in pending.values():
+        errors[r] = GetTimeoutError(
+            f"no answer within {time.monotonic() - start:.1f} s")
+    return values, errors
 
 
 def _death_message(exc: BaseException) -> str:
@@ -55,6 +94,12 @@ class WorkerGang:
         self._last_step: dict[int, int] = {}
         self._beating: dict[int, int] = {}  # rank -> pid its worker's heartbeat names
         self._answers = AnswerGaps()
+        # rank -> its poll call that did not answer within a tick: read the next tick (what
+        # it returns is the rank's output; a second call is not stacked on a cut-off actor)
+        self._polls: dict[int, list[Any]] = {}
+        # ranks found dead because their worker answered nothing while the others did:
+        # their host answers no read of their files either
+        self.unreachable: set[int] = set()
         # rank -> (since, message): its run call failed with the actor "temporarily
         # unavailable" (its host's link dropped): alive or dead is known by its next answer
         self._unsure: dict[int, tuple[float, str]] = {}
@@ -143,6 +188,8 @@ class WorkerGang:
             if result.error_type == "WorkerDied":
                 self._dead.add(rank)
                 self.out.died(rank)
+                if (result.message or "").startswith("worker unreachable"):
+                    self.unreachable.add(rank)
             self._results[rank] = replace(result, time=result.time or time.time())
             ended = True
         return ended
@@ -165,25 +212,33 @@ class WorkerGang:
     def drain(self) -> Drained:
         """Polls every live worker: metrics, log lines, heartbeats, per-rank updates."""
         live = {r: w for r, w in self.workers.items() if r not in self._dead}
-        refs = {r: w.poll.remote() for r, w in live.items()}
+        # A poll not answered within its tick stays asked (what it returns is the rank's
+        # output, read when it comes); a new one goes out beside it each tick, at most
+        # _POLLS_KEPT a rank (after a link drops, an old call may never come back).
+        calls: dict[tuple[int, int], Any] = {}
+        for r, w in live.items():
+            kept = self._polls.pop(r, [])[-(_POLLS_KEPT - 1):]
+            for i, ref in enumerate([*kept, w.poll.remote()]):
+                calls[(r, i)] = ref
         metrics: list[dict[str, Any]] = []
         logs: list[dict[str, Any]] = []
         ranks: dict[int, dict[str, Any]] = {}
         usage: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
-        timed_out: list[int] = []
         gaps: list[dict[str, Any]] = []
-        answered = False
-        for r, ref in refs.items():
-            try:
-                p: WorkerPoll = ray.get(ref, timeout=CALL_TIMEOUT_S)
-            except GetTimeoutError:
-                timed_out.append(r)  # a slow or cut-off host: retried next tick
-                continue
-            except (RayActorError, RayError):
-                continue  # the run ref reports the death
-            answered = True
+        cut_off = self.cut_off()
+        polled, errors = gather_answers(calls, timeout_s=CALL_TIMEOUT_S,
+                                        cut_off={k for k in calls if k[0] in cut_off},
+                                        grace_s=1.0)
+        # a slow or cut-off host: its calls are read next tick; a dead one's run ref reports it
+        for key in sorted(k for k, e in errors.items() if isinstance(e, GetTimeoutError)):
+            self._polls.setdefault(key[0], []).append(calls[key])
+        answered = {r for r, _ in polled}
+        timed_out = [r for r in live if r not in answered and r in self._polls]
+        for key in sorted(polled):  # a rank's older call first
+            r = key[0]
+            p: WorkerPoll = polled[key]
             silent = self._answers.answered(r, at=time.monotonic())
             if silent is not None:
                 info = self.ranks[r]
@@ -208,17 +263,42 @@ class WorkerGang:
             elif r in self._last_step:
                 upd["step"] = self._last_step[r]
             ranks[r] = upd
-        if answered:
+        if polled:
             for r in timed_out:
                 self._answers.missed(r)
+        self._end_unreachable()
         for r, res in self._results.items():
             if res.failed:
                 ranks.setdefault(r, {})["state"] = RankState.FAILED
-        logs.extend(self.out.dead_ranks_output(self.ranks, self._results))
+        logs.extend(self.out.dead_ranks_output(self.ranks, self._results,
+                                               unreachable=self.unreachable))
         self.out.remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
                        usage=tuple(usage), checkpoints=tuple(checkpoints),
                        collectives=collectives, gaps=tuple(gaps))
+
+    def _end_unreachable(self) -> None:
+        """Ranks silent for UNSURE_S while their peers answered are dead (worker unreachable)."""
+        for r in sorted(self.cut_off()):
+            silent = self.silent_s(r)
+            if r in self._results or silent < UNSURE_S:
+                continue
+            self._unsure.pop(r, None)
+            self.unreachable.add(r)
+            self._dead.add(r)
+            self.out.died(r)
+            self._results[r] = RankResult(
+                rank=r, state=WorkerState.ERROR, error_type="WorkerDied", time=time.time(),
+                message=f"worker unreachable: its host is down or cut off (it answered no "
+                f"call for {silent:.0f} s while the other ranks did)")
+
+    def cut_off(self) -> set[int]:
+        """Live ranks whose worker has answered no poll for CUT_OFF_S while a peer answered."""
+        return {r for r in self.workers if r not in self._dead and self.silent_s(r) >= CUT_OFF_S}
+
+    def silent_s(self, rank: int) -> float:
+        """How long `rank` has answered no poll while a peer answered (0.0: it answers)."""
+        return self._answers.silent_for(rank, now=time.monotonic())
 
     def last_steps(self) -> dict[int, int]:
         return dict(self._last_step)
@@ -260,24 +340,22 @@ class WorkerGang:
         self.start.release(succeeded=succeeded)
 
     def diagnostics(self, *, request: dict[str, Any], timeout_s: float) -> dict[int, Any]:
+        """Every live rank's answer to `diagnostics(request)` within `timeout_s` (one deadline
+        for all); a rank cut off for CUT_OFF_S is waited for CUT_OFF_GRACE_S beyond the
+        others. A rank without an answer maps to {"error": "<exception type>: ..."}."""
         refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
                 if r not in self._dead}
-        out: dict[int, Any] = {}
-        silent = []
-        for r, ref in refs.items():
-            try:
-                out[r] = ray.get(ref, timeout=timeout_s)
-            except (RayError, GetTimeoutError) as exc:
-                out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-                if isinstance(exc, GetTimeoutError):
-                    silent.append(r)
+        out, errors = gather_answers(refs, timeout_s=timeout_s, cut_off=self.cut_off())
+        for r, exc in errors.items():
+            out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        silent = [r for r, exc in errors.items() if isinstance(exc, GetTimeoutError)]
         # A rank that answered no diagnostics call while another did was silent (its next
         # poll answer ends a link gap); an answer here, which can take seconds of evidence
         # gathering, says nothing about when the rank was reachable.
         if len(silent) < len(refs):
             for r in silent:
                 self._answers.missed(r)
-        return out
+        return {r: out[r] for r in refs}
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""

@@ -11,20 +11,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-from ray.exceptions import GetTimeoutError, RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from orchestrator.lifecycle import LogStream
 from orchestrator.runtime.events import AttemptConfig, RankStatus
+from orchestrator.runtime.on_nodes import run_on_nodes
 from workers.host.assignment import RankResult, rank_log_path
 from workers.host.logcapture import unseen_tail
 
 _ANCHOR_LINES = 3
 _CAPTURED = (LogStream.STDOUT, LogStream.STDERR)
 _READ_TIMEOUT_S = 10.0
-# Reads a dead rank's log files on its node (they are where its process wrote them).
-_unseen_tail = ray.remote(num_cpus=0, max_retries=0)(unseen_tail)
+
+
+def unseen_tails(reads: list[tuple[int, str, str, list[str]]], beneath: str
+                 ) -> list[tuple[int, str, list[str]]]:
+    """Runs on a node: for each (rank, stream, path, anchor), the lines of the rank's log
+    file there after `anchor` (see `unseen_tail`)."""
+    return [(r, stream, unseen_tail(path, anchor, beneath=beneath))
+            for r, stream, path, anchor in reads]
 
 
 @dataclass(frozen=True)
@@ -74,23 +77,31 @@ class RankOutputs:
                 del kept[:-_ANCHOR_LINES]
 
     def dead_ranks_output(self, ranks: Mapping[int, RankStatus],
-                          results: Mapping[int, RankResult]) -> list[dict[str, Any]]:
+                          results: Mapping[int, RankResult], *,
+                          unreachable: set[int] | frozenset[int] = frozenset()
+                          ) -> list[dict[str, Any]]:
         """What dead ranks wrote after their last forwarded line (lost with their process's
-        buffers), read from their log files on their node."""
-        out: list[dict[str, Any]] = []
+        buffers), read from their log files on their node, every node at once; the ranks in
+        `unreachable` (their host answers nothing) are not asked."""
+        by_node: dict[str, list[tuple[int, str, str, list[str]]]] = {}
         for r in sorted(self._untailed):
             self._untailed.discard(r)
-            info, died = ranks[r], (results[r].time or time.time())
-            for stream in _CAPTURED:
-                path = str(rank_log_path(self.cfg.log_dir, r, stream))
-                anchor = self._last_lines.get((r, stream), [])
-                task = _unseen_tail.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    str(info.node_id), soft=True)
-                ).remote(path, anchor, beneath=self.cfg.run_dir)
-                try:
-                    lines = ray.get(task, timeout=_READ_TIMEOUT_S)
-                except (RayError, GetTimeoutError):
-                    continue
-                out.extend({"rank": r, "stream": stream, "line": x, "time": died}
+            if r in unreachable or not ranks[r].node_id:
+                continue
+            by_node.setdefault(str(ranks[r].node_id), []).extend(
+                (r, str(stream), str(rank_log_path(self.cfg.log_dir, r, stream)),
+                 self._last_lines.get((r, stream), [])) for stream in _CAPTURED)
+        if not by_node:
+            return []
+        got = run_on_nodes(unseen_tails, {
+            nid: {"reads": reads, "beneath": self.cfg.run_dir} for nid, reads in by_node.items()},
+            timeout_s=_READ_TIMEOUT_S)
+        out: list[dict[str, Any]] = []
+        for found in got.values():
+            if isinstance(found, BaseException):
+                continue  # its host is gone or cut off: nothing more is known
+            for r, stream, lines in found:
+                died = results[r].time or time.time()
+                out.extend({"rank": r, "stream": LogStream(stream), "line": x, "time": died}
                            for x in lines)
         return out

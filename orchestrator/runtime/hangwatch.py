@@ -40,6 +40,9 @@ from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
+# The periodic straggler probe holds the controller's loop while it waits: a rank that does
+# not answer within this is left out of that probe (a cut-off host must not stall the loop).
+_PROBE_TIMEOUT_S = 5.0
 _READ_TIMEOUT_S = 5.0  # a live node's answer to a file read
 _PROBE_STAMP = "straggler-probe"
 _ENDING_S = 3.0
@@ -164,7 +167,8 @@ class AttemptWatchdog:
                dead: Mapping[int, str] | None = None,
                exit_times: Mapping[int, float] | None = None) -> DiagnosisReport:
         stamp = stamp or f"{stamp_now()}-{next(self._rounds)}"
-        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
+        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=(
+            _PROBE_TIMEOUT_S if trigger == "straggler" else _DIAG_TIMEOUT_S))
         dead = dict(dead or {})
         if trigger != "straggler" and not dead:
             # Ranks that ended before or while this round ran (a stall's cause can be a rank
@@ -186,7 +190,8 @@ class AttemptWatchdog:
                 summaries[r] = s
         # ranks that ended or stay silent, and the dead: their last announced op, read on
         # their nodes
-        cut_off = set(unreachable_ranks(replies))  # their hosts answer no read either
+        # their hosts answer no read either
+        cut_off = set(unreachable_ranks(replies)) | gang.unreachable
         wanted = [r for r in gang.ranks if r not in summaries and r not in cut_off]
         announced = gather_announcements({r: gang.ranks[r].node_id for r in wanted},
                                          run_dir=self.cfg.run_dir, timeout_s=_READ_TIMEOUT_S)
@@ -195,7 +200,8 @@ class AttemptWatchdog:
                 summaries[r] = {"rank": r, "pending": [announced[r]]}
         anns = {r: announced[r] for r in dead if r in announced}
         summaries, anns = resolve_announcements(summaries, anns)  # op id -> collective seq
-        nodes = self._node_evidence(gang, stamp) if trigger != "straggler" else NodeEvidence()
+        nodes = (self._node_evidence(gang, stamp, skip=cut_off) if trigger != "straggler"
+                 else NodeEvidence())
         locations = self._locations(gang)
         report = self.monitor.analysis(
             summaries=summaries, dead=dead, exit_times=exit_times, announcements=anns,
@@ -206,7 +212,8 @@ class AttemptWatchdog:
             report = _with_exit_times(report, exit_times)
         silent = {r: gang.ranks[r].node or "?" for r in unreachable_ranks(replies)
                   if r not in dead and r in gang.ranks}
-        return _with_unreachable(report, silent) if silent else report
+        return _with_unreachable(report, silent, {r: gang.silent_s(r) for r in silent}
+                                 ) if silent else report
 
     def _publish(self, report: DiagnosisReport, *, trigger: str,
                  detected_at: float | None = None) -> None:
@@ -225,11 +232,14 @@ class AttemptWatchdog:
                               mesh_dims=MeshShape.from_parallelism(self.cfg.spec.parallelism)
                               .as_dict())
 
-    def _node_evidence(self, gang: WorkerGang, stamp: str) -> NodeEvidence:
-        """`nvidia-smi -q` and the kernel's Xid lines once per node of a GPU job."""
+    def _node_evidence(self, gang: WorkerGang, stamp: str, *, skip: set[int]) -> NodeEvidence:
+        """`nvidia-smi -q` and the kernel's Xid lines once per node of a GPU job, but for the
+        nodes of the ranks in `skip` (unreachable: they would answer no read either)."""
         if all(b.gpu is None for b in self.cfg.bundles):
             return NodeEvidence()
-        nodes = {str(info.node_id): info.node for info in gang.ranks.values()}
+        cut = {str(gang.ranks[r].node_id) for r in skip if r in gang.ranks}
+        nodes = {str(info.node_id): info.node for info in gang.ranks.values()
+                 if str(info.node_id) not in cut}
         return gather_node_evidence(nodes, run_dir=self.cfg.run_dir, stamp=stamp,
                                     timeout_s=_DIAG_TIMEOUT_S)
 
@@ -272,15 +282,20 @@ def unreachable_ranks(replies: Mapping[int, Any]) -> list[int]:
                           ("GetTimeoutError", "ActorUnavailableError", "unavailable")))
 
 
-def _with_unreachable(report: DiagnosisReport, nodes: Mapping[int, str]) -> DiagnosisReport:
-    """The report with the unreachable ranks' hosts named in its summary and details."""
+def _with_unreachable(report: DiagnosisReport, nodes: Mapping[int, str],
+                      silent_s: Mapping[int, float] | None = None) -> DiagnosisReport:
+    """The report with the unreachable ranks' hosts named in its summary and details;
+    `silent_s`: per rank, how long it has answered no poll while its peers did."""
     d = report.to_dict()
     hosts = sorted(set(nodes.values()))
     ranks = sorted(nodes)
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    longest = max((silent_s or {}).values(), default=0.0)
+    polls = (f"no poll for {longest:.0f} s while the other ranks answered, and "
+             if longest >= 1 else "")
     d["summary"] = (f"{d['summary']} {'Host' if len(hosts) == 1 else 'Hosts'} "
-                    f"{', '.join(hosts)} unreachable: {who} answered no call within "
-                    f"{_DIAG_TIMEOUT_S:g} s.")
+                    f"{', '.join(hosts)} unreachable: {who} answered {polls}"
+                    "no diagnostics call.")
     d["details"] = {**d.get("details", {}), "unreachable": {str(r): n for r, n in nodes.items()}}
     return DiagnosisReport.from_dict(d)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.placement.snapshot import RayNode, build_snapshot
+from orchestrator.placement.snapshot import RayNode, build_snapshot, newest_per_name
 from orchestrator.store.repo import Store
 from orchestrator.topology.declared import load_cluster_file
 from orchestrator.topology.discovery import cluster_from_discovery, discover_local_node
@@ -32,8 +33,15 @@ from orchestrator.topology.serialize import node_topology_to_dict
 log = logging.getLogger("meshyard.runtime")
 
 
-def read_ray_nodes() -> list[RayNode]:
-    """Alive Ray nodes with totals, free resources and labels (ray must be initialised)."""
+# When this process first saw each Ray node id (newest_per_name: a restarted host's new node)
+_FIRST_SEEN: dict[str, float] = {}
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def read_ray_nodes(store: Store | None = None) -> list[RayNode]:
+    """Alive Ray nodes with totals, free resources and labels (ray must be initialised), one
+    per node name (`newest_per_name`; `store`, read only when two nodes share a name: the
+    node id it holds for the name breaks a tie)."""
     from ray._private.state import state  # the per-node view has no public API in 2.x
 
     avail = state.available_resources_per_node()
@@ -48,7 +56,21 @@ def read_ray_nodes() -> list[RayNode]:
             gpus=int(res.get("GPU", 0)), cpus=float(res.get("CPU", 0)),
             free_gpus=int(free.get("GPU", 0)), free_cpus=float(free.get("CPU", 0)),
             is_head="node:__internal_head__" in res))
-    return out
+    now = time.monotonic()
+    for rn in out:
+        _FIRST_SEEN.setdefault(rn.node_id, now)
+    kept, dropped = newest_per_name(out, first_seen=_FIRST_SEEN)
+    if dropped and store is not None:
+        kept, dropped = newest_per_name(out, first_seen=_FIRST_SEEN, stored={
+            n.name: n.node_id for n in store.list_nodes()})
+    for name, ids in dropped:
+        if (name, *ids) in _WARNED:
+            continue
+        _WARNED.add((name, *ids))
+        log.warning("Ray lists %d live nodes named %s: using the newest, leaving out %s (the "
+                    "old incarnation of a host whose Ray restarted, not yet declared dead)",
+                    len(ids) + 1, name, ", ".join(i[:12] for i in ids))
+    return kept
 
 
 def _discovery_task(options: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +156,7 @@ class TopologySource:
 
 def register_nodes(store: Store, topology: TopologySource) -> None:
     """Writes Ray's live nodes joined with their topology into the store."""
-    ray_nodes = read_ray_nodes()
+    ray_nodes = read_ray_nodes(store)
     snap = build_snapshot(ray_nodes=ray_nodes, topology=topology.current(ray_nodes))
     for node, ray_node in zip(snap.cluster.nodes, ray_nodes, strict=True):
         store.upsert_node(name=node.name, node_id=node.node_id, alive=True,

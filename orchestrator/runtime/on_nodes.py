@@ -8,22 +8,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 
 def run_on_nodes(fn: Callable[..., Any], work: Mapping[str, Mapping[str, Any]], *,
                  timeout_s: float) -> dict[str, Any]:
     """`fn(**kwargs)` on each node of `work` (Ray node id -> kwargs), all at once; per node
-    its value, or the exception when it failed or did not answer within `timeout_s` (the
-    task is then cancelled: a cut-off node must not hold the caller)."""
+    its value, or the exception when it failed or did not answer within `timeout_s`, one
+    deadline for all (the task is then cancelled: a cut-off node must not hold the caller)."""
     task: Any = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs = {nid: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         nid, soft=False)).remote(**kwargs) for nid, kwargs in work.items()}
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0]
+                ) if refs else set()
     out: dict[str, Any] = {}
     for nid, ref in refs.items():
-        try:
-            out[nid] = ray.get(ref, timeout=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a dead or cut-off node: the caller decides
+        if ref not in ready:  # a dead or cut-off node: the caller decides
             ray.cancel(ref, force=True)
+            out[nid] = GetTimeoutError(f"node {nid} did not answer within {timeout_s:g} s")
+            continue
+        try:
+            out[nid] = ray.get(ref, timeout=0)
+        except Exception as exc:  # noqa: BLE001 - the function failed there
             out[nid] = exc
     return out

@@ -256,14 +256,36 @@ RemotePool: Any = ray.remote(  # type: ignore[call-overload]
 
 
 def ensure_pool(size: int, *, prestart: bool = True,
-                confinement: JobConfinement | None = None) -> Any:
+                confinement: JobConfinement | None = None, near_node_id: str | None = None,
+                timeout_s: float = 180.0) -> Any:
     """Gets or creates the detached pool (it outlives control-plane restarts) at `size`;
     `prestart`: its actors keep a prestarted rank process for user-code jobs, confined as
-    `confinement` says when a job comes."""
-    pool = RemotePool.options(name=POOL_NAME, namespace=NAMESPACE, lifetime="detached",
-                              get_if_exists=True).remote(size, prestart, confinement)
-    ray.get(pool.configure.remote(size, prestart, confinement), timeout=60)
-    return pool
+    `confinement` says when a job comes. A new pool goes on `near_node_id` (the control
+    plane's node, as the controllers do). A pool whose node died (a worker host that was lost
+    while Ray still listed its actor) is replaced by a new one."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    opts: dict[str, Any] = {"name": POOL_NAME, "namespace": NAMESPACE, "lifetime": "detached",
+                            "get_if_exists": True}
+    if near_node_id:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pool = RemotePool.options(**opts).remote(size, prestart, confinement)
+        try:
+            ray.get(pool.configure.remote(size, prestart, confinement),
+                    timeout=max(1.0, min(60.0, deadline - time.monotonic())))
+            return pool
+        except (RayActorError, GetTimeoutError) as exc:
+            if time.monotonic() >= deadline:
+                raise
+            if isinstance(exc, RayActorError):
+                log.warning("the warm pool's actor is gone (its node died); starting another")
+                with contextlib.suppress(Exception):
+                    ray.kill(pool, no_restart=True)
+            else:  # its node may be on its way to being declared dead: asked again
+                log.warning("the warm pool did not answer; asking again")
+            time.sleep(1.0)
 
 
 def find_pool() -> Any | None:

@@ -147,7 +147,7 @@ class Scheduler:
     def snapshot(self, held: Sequence[tuple[Any, Sequence[GpuHold]]] | None = None
                  ) -> ClusterSnapshot:
         held = gpu_holds(self.store) if held is None else held
-        ray_nodes = read_ray_nodes()
+        ray_nodes = read_ray_nodes(self.store)
         return build_snapshot(ray_nodes=ray_nodes, topology=self._topology(ray_nodes),
                               busy=busy_gpus([h for _, hs in held for h in hs]))
 

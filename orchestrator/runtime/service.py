@@ -302,7 +302,7 @@ class Runtime:
                                    checkpoint_storage=self.settings.checkpoint_storage)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
-                        confinement=confinement)
+                        confinement=confinement, near_node_id=near)
         else:
             self._drain_pool()  # a pool left by an earlier start with the pool on
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder

@@ -102,7 +102,11 @@ def test_partition_is_diagnosed_unreachable_naming_the_host_and_the_job_resumes_
              and victim.name in e["message"]), None), timeout=300)
         print(f"partition: diagnosis stored {time.time() - t0:.1f} s after the link went down")
         assert "unreachable" in diag["message"]
-        w.wait("the attempt's failure", failed, timeout=180)
+        stored = w.wait("the attempt's failure", failed, timeout=180)
+        # ended by the gang once the rank answered nothing for 15 s while its peer did, not
+        # when Ray declares the node dead (about a minute) or the collective times out
+        assert f"rank 1 on {victim.name}" in stored["message"], stored["message"]
+        assert "answered no call for" in stored["message"], stored["message"]
         assert node_state(w, victim.name) in ("suspect", "cordoned")
         _resumed_elsewhere(w, victim.name)
     finally:

@@ -95,3 +95,17 @@ def test_a_gap_is_stored_as_a_warning_naming_rank_host_and_seconds(tmp_path: Pat
                            "silent_s": 5.4}
     finally:
         store.close()
+
+
+def test_silent_for_counts_only_while_a_peer_answers() -> None:
+    g = AnswerGaps()
+    for r in (0, 1, 2):
+        g.answered(r, at=0.0)
+    assert [g.silent_for(r, now=30.0) for r in (0, 1, 2)] == [0.0, 0.0, 0.0]  # all silent
+    g.answered(0, at=12.0)
+    g.answered(2, at=12.1)
+    assert g.silent_for(1, now=20.0) == 20.0  # its peers answered at 12 s, it never since
+    assert g.silent_for(0, now=20.0) == 0.0  # rank 2 answered after it, but rank 0 answers
+    assert g.silent_for(7, now=20.0) == 0.0  # a rank never seen is not called cut off
+    g.answered(1, at=21.0)
+    assert g.silent_for(1, now=22.0) == 0.0

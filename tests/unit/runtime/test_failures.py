@@ -209,7 +209,11 @@ def test_a_rank_that_answers_no_diagnostics_call_names_its_host_unreachable() ->
     r = DiagnosisReport(verdict=Verdict.NOT_JOINED, culprit_ranks=(1,), confidence=0.9,
                         summary="Rank 1 never entered all_reduce #39.")
     out = _with_unreachable(r, {1: "host-b"})
-    assert out.summary.startswith("Rank 1 never entered all_reduce #39. Host host-b unreachable")
+    assert out.summary == ("Rank 1 never entered all_reduce #39. Host host-b unreachable: "
+                           "rank 1 answered no diagnostics call.")
+    out = _with_unreachable(r, {1: "host-b"}, {1: 23.4})
+    assert out.summary.endswith("Host host-b unreachable: rank 1 answered no poll for 23 s "
+                                "while the other ranks answered, and no diagnostics call.")
     assert out.verdict is Verdict.NOT_JOINED and out.culprit_ranks == (1,)
 
 
