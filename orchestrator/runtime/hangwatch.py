@@ -40,9 +40,6 @@ from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
-# The periodic straggler probe holds the controller's loop while it waits: a rank that does
-# not answer within this is left out of that probe (a cut-off host must not stall the loop).
-_PROBE_TIMEOUT_S = 5.0
 _READ_TIMEOUT_S = 5.0  # a live node's answer to a file read
 _PROBE_STAMP = "straggler-probe"
 _ENDING_S = 3.0
@@ -167,8 +164,7 @@ class AttemptWatchdog:
                dead: Mapping[int, str] | None = None,
                exit_times: Mapping[int, float] | None = None) -> DiagnosisReport:
         stamp = stamp or f"{stamp_now()}-{next(self._rounds)}"
-        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=(
-            _PROBE_TIMEOUT_S if trigger == "straggler" else _DIAG_TIMEOUT_S))
+        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
         dead = dict(dead or {})
         if trigger != "straggler" and not dead:
             # Ranks that ended before or while this round ran (a stall's cause can be a rank
