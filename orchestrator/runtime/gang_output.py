@@ -22,8 +22,8 @@ _CAPTURED = (LogStream.STDOUT, LogStream.STDERR)
 _READ_TIMEOUT_S = 10.0
 
 
-def unseen_tails(reads: list[tuple[int, str, str, list[str]]], beneath: str
-                 ) -> list[tuple[int, str, list[str]]]:
+def unseen_tails(reads: list[tuple[int, LogStream, str, list[str]]], beneath: str
+                 ) -> list[tuple[int, LogStream, list[str]]]:
     """Runs on a node: for each (rank, stream, path, anchor), the lines of the rank's log
     file there after `anchor` (see `unseen_tail`)."""
     return [(r, stream, unseen_tail(path, anchor, beneath=beneath))
@@ -83,13 +83,13 @@ class RankOutputs:
         """What dead ranks wrote after their last forwarded line (lost with their process's
         buffers), read from their log files on their node, every node at once; the ranks in
         `unreachable` (their host answers nothing) are not asked."""
-        by_node: dict[str, list[tuple[int, str, str, list[str]]]] = {}
+        by_node: dict[str, list[tuple[int, LogStream, str, list[str]]]] = {}
         for r in sorted(self._untailed):
             self._untailed.discard(r)
             if r in unreachable or not ranks[r].node_id:
                 continue
             by_node.setdefault(str(ranks[r].node_id), []).extend(
-                (r, str(stream), str(rank_log_path(self.cfg.log_dir, r, stream)),
+                (r, stream, str(rank_log_path(self.cfg.log_dir, r, stream)),
                  self._last_lines.get((r, stream), [])) for stream in _CAPTURED)
         if not by_node:
             return []
@@ -102,6 +102,6 @@ class RankOutputs:
                 continue  # its host is gone or cut off: nothing more is known
             for r, stream, lines in found:
                 died = results[r].time or time.time()
-                out.extend({"rank": r, "stream": LogStream(stream), "line": x, "time": died}
+                out.extend({"rank": r, "stream": stream, "line": x, "time": died}
                            for x in lines)
         return out

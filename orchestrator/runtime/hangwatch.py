@@ -185,8 +185,7 @@ class AttemptWatchdog:
             if s is not None and r not in dead:
                 summaries[r] = s
         # ranks that ended or stay silent, and the dead: their last announced op, read on
-        # their nodes
-        # their hosts answer no read either
+        # their nodes, but for the cut-off ranks' (their hosts answer no read either)
         cut_off = set(unreachable_ranks(replies)) | gang.unreachable
         wanted = [r for r in gang.ranks if r not in summaries and r not in cut_off]
         announced = gather_announcements({r: gang.ranks[r].node_id for r in wanted},
