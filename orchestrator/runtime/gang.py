@@ -24,7 +24,7 @@ from orchestrator.runtime.gang_start import CALL_TIMEOUT_S, GangStart
 from orchestrator.watchdog.stacks import MAX_NATIVE_BYTES
 from workers.host.assignment import RankResult, WorkerPoll, WorkerState
 
-__all__ = ["Drained", "WorkerGang"]
+__all__ = ["Answers", "Drained", "WorkerGang"]
 
 # A rank whose worker has answered nothing for this long while its peers answered (its polls
 # timed out, or its run call broke off with the actor "temporarily unavailable") is dead: its
@@ -39,36 +39,70 @@ CUT_OFF_GRACE_S = 3.0
 _POLLS_KEPT = 3  # poll calls a rank may have out at once
 
 
+class Answers:
+    """The answers to one call per key (such as the rank -> ObjectRef), read as they come, all
+    within one deadline of `timeout_s`; the keys in `cut_off` are waited for at most `grace_s`
+    once every other call answered. `gather_answers` blocks until the calls are done; a caller
+    that must go on meanwhile (the straggler probe, beside the polls) reads them with
+    `wait(0)` each tick. `values`: per key its value; `errors`: the RayError its call raised,
+    or a GetTimeoutError when it did not answer in time."""
+
+    def __init__(self, refs: dict[Any, Any], *, timeout_s: float,
+                 cut_off: set[Any] | None = None, grace_s: float = CUT_OFF_GRACE_S) -> None:
+        self.keys = list(refs)
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout_s
+        self.values: dict[Any, Any] = {}
+        self.errors: dict[Any, Any] = {}
+        self._pending = {ref: r for r, ref in refs.items()}
+        self._cut_off = cut_off
+        self._grace_s = grace_s
+        self._others_done: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self._pending
+
+    def _end(self, now: float) -> float:
+        if self._others_done is None and self._cut_off is not None \
+                and set(self._pending.values()) <= self._cut_off:
+            self._others_done = now
+        return self.deadline if self._others_done is None \
+            else min(self.deadline, self._others_done + self._grace_s)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Reads the answers that come within `timeout_s` (None: until every call answered or
+        the deadline passed); True when no call is left to wait for."""
+        limit = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._pending:
+            now = time.monotonic()
+            end = self._end(now)
+            if now >= end:
+                for r in self._pending.values():
+                    self.errors[r] = GetTimeoutError(
+                        f"no answer within {now - self.start:.1f} s")
+                self._pending.clear()
+                break
+            stop = end if limit is None else min(end, limit)
+            ready, _ = ray.wait(list(self._pending), num_returns=1,
+                                timeout=max(0.0, stop - now))
+            for ref in ready:
+                r = self._pending.pop(ref)
+                try:
+                    self.values[r] = ray.get(ref, timeout=0)
+                except RayError as exc:
+                    self.errors[r] = exc
+            if not ready and limit is not None and time.monotonic() >= limit:
+                return False
+        return True
+
+
 def gather_answers(refs: dict[Any, Any], *, timeout_s: float, cut_off: set[Any] | None = None,
                    grace_s: float = CUT_OFF_GRACE_S) -> tuple[dict[Any, Any], dict[Any, Any]]:
-    """The answers of the calls `refs` (a key, such as the rank -> ObjectRef) that come within
-    one deadline of `timeout_s` for all of them; the keys in `cut_off` are waited for at most
-    `grace_s` once every other call answered. Returns (values, errors): per key its value, or
-    the RayError its call raised, or a GetTimeoutError when it did not answer in time."""
-    start = time.monotonic()
-    deadline = start + timeout_s
-    pending = {ref: r for r, ref in refs.items()}
-    values: dict[Any, Any] = {}
-    errors: dict[Any, Any] = {}
-    others_done: float | None = None
-    while pending:
-        now = time.monotonic()
-        if others_done is None and cut_off is not None and set(pending.values()) <= cut_off:
-            others_done = now
-        end = deadline if others_done is None else min(deadline, others_done + grace_s)
-        if now >= end:
-            break
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=end - now)
-        for ref in ready:
-            r = pending.pop(ref)
-            try:
-                values[r] = ray.get(ref, timeout=0)
-            except RayError as exc:
-                errors[r] = exc
-    for r in pending.values():
-        errors[r] = GetTimeoutError(
-            f"no answer within {time.monotonic() - start:.1f} s")
-    return values, errors
+    """The answers of the calls `refs` within one deadline (`Answers`): (values, errors)."""
+    answers = Answers(refs, timeout_s=timeout_s, cut_off=cut_off, grace_s=grace_s)
+    answers.wait()
+    return answers.values, answers.errors
 
 
 def _death_message(exc: BaseException) -> str:
@@ -343,19 +377,30 @@ class WorkerGang:
         """Every live rank's answer to `diagnostics(request)` within `timeout_s` (one deadline
         for all); a rank cut off for CUT_OFF_S is waited for CUT_OFF_GRACE_S beyond the
         others. A rank without an answer maps to {"error": "<exception type>: ..."}."""
+        answers = self.ask_diagnostics(request=request, timeout_s=timeout_s)
+        answers.wait()
+        return self.diagnostics_replies(answers)
+
+    def ask_diagnostics(self, *, request: dict[str, Any], timeout_s: float) -> Answers:
+        """`diagnostics(request)` asked of every live rank; the answers come in `Answers`
+        (`diagnostics_replies` once it is done)."""
         refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
                 if r not in self._dead}
-        out, errors = gather_answers(refs, timeout_s=timeout_s, cut_off=self.cut_off())
-        for r, exc in errors.items():
+        return Answers(refs, timeout_s=timeout_s, cut_off=self.cut_off())
+
+    def diagnostics_replies(self, answers: Answers) -> dict[int, Any]:
+        """Per rank asked, its answer or {"error": ...} (`answers` is done)."""
+        out = dict(answers.values)
+        for r, exc in answers.errors.items():
             out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        silent = [r for r, exc in errors.items() if isinstance(exc, GetTimeoutError)]
+        silent = [r for r, exc in answers.errors.items() if isinstance(exc, GetTimeoutError)]
         # A rank that answered no diagnostics call while another did was silent (its next
         # poll answer ends a link gap); an answer here, which can take seconds of evidence
         # gathering, says nothing about when the rank was reachable.
-        if len(silent) < len(refs):
+        if len(silent) < len(answers.keys):
             for r in silent:
                 self._answers.missed(r)
-        return {r: out[r] for r in refs}
+        return {r: out[r] for r in answers.keys}
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""

@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 
-from orchestrator.runtime.gang import gather_answers
+from orchestrator.runtime.gang import Answers, gather_answers
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -67,3 +67,22 @@ def test_a_call_that_raises_is_an_error_not_a_timeout(answerer: Any) -> None:
     assert values == {0: 0}
     assert isinstance(errors[1], RayTaskError)
     assert "the evidence could not be read" in str(errors[1])
+
+
+def test_answers_are_read_as_they_come_without_waiting_for_the_rest(answerer: Any) -> None:
+    """The straggler probe's way: each controller tick reads what answered and goes on to
+    poll; a rank that does not answer holds no tick."""
+    refs = {0: answerer.answer.remote(0, 0.0), 1: answerer.answer.remote(1, 60.0)}
+    answers = Answers(refs, timeout_s=4.0)
+    reads = 0
+    while 0 not in answers.values and reads < 200:
+        start = time.monotonic()
+        assert answers.wait(0.0) is False
+        assert time.monotonic() - start < 2.0  # a read, not a wait for rank 1
+        assert not answers.done
+        reads += 1
+        time.sleep(0.05)
+    assert answers.values == {0: 0} and answers.errors == {}
+    assert answers.wait() is True  # until the deadline: rank 1 never answered
+    assert answers.done and answers.values == {0: 0}
+    assert isinstance(answers.errors[1], GetTimeoutError)
