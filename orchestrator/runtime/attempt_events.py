@@ -124,7 +124,7 @@ class AttemptEvents:
                 pending = Pending(PendingKind.PLACEMENT_TIMEOUT, message, waited_s=waited)
                 self.store.set_pending_reason(job_id, pending.to_dict())
             case Failed() as f:
-                self.recover_metrics(job_id, n)
+                self.recover_metrics(job_id, n, unreachable=f.unreachable_nodes)
                 groups = [g.to_dict() for g in f.groups]
                 if f.reason == Reason.PREFLIGHT_FAILED:
                     record_preflight(self.store, f.avoid_nodes, message=f.message,
@@ -230,9 +230,11 @@ class AttemptEvents:
                   data={"attempt": job.current_attempt if job else None,
                         "resume_step": max(saved) if saved else None})
 
-    def recover_metrics(self, job_id: str, attempt: int) -> None:
+    def recover_metrics(self, job_id: str, attempt: int,
+                        unreachable: tuple[str, ...] = ()) -> None:
         """The rows a failed or lost attempt's workers kept in their files and no poll
-        fetched: reported after the last poll, or done since the last sync step."""
+        fetched: reported after the last poll, or done since the last sync step. The nodes in
+        `unreachable` (Ray node ids cut off from the controller) are not asked."""
         job = self.store.get_job(job_id)
         if self.runs_dir is None or not attempt or job is None:
             return
@@ -240,7 +242,8 @@ class AttemptEvents:
             ranks = {r.rank: r for r in self.store.list_ranks(job_id, attempt=attempt)}
             got = ingest_attempt_files(self.store, job_id=job_id, attempt=attempt,
                                        run_dir=self.runs_dir / job_id, world_size=job.world_size,
-                                       nodes={r: x.node_id for r, x in ranks.items()})
+                                       nodes={r: x.node_id for r, x in ranks.items()},
+                                       unreachable=unreachable)
         except Exception:  # noqa: BLE001 - recovering metrics must not block the restart
             log.exception("recovering the metrics of %s attempt %d failed", job_id, attempt)
             return

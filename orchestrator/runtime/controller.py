@@ -323,8 +323,9 @@ class AttemptController:
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 gang.kill()
                 self._set_rank_states(rank_end_states(failures, gang.ranks))
-                self._finish(failed_outcome(self.config, failures, cause=watch.open_report,
-                                            gang=gang))
+                self._finish(replace(failed_outcome(self.config, failures,
+                                                    cause=watch.open_report, gang=gang),
+                                     unreachable_nodes=gang.unreachable_nodes()))
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
@@ -334,7 +335,7 @@ class AttemptController:
             act = watch.tick(gang, drained)
             if act is not None:  # watchdog.action restart | fail: the hung workers are killed
                 gang.kill()
-                self._finish(act)
+                self._finish(replace(act, unreachable_nodes=gang.unreachable_nodes()))
                 return
 
     def _forward(self, drained: Drained) -> None:

@@ -359,6 +359,9 @@ class Failed:
     hang_action: WatchdogAction | None = None
     blame: Blame = Blame.INFRA  # what the cause points at (failures.blame)
     retry_matched: bool = False  # a USER failure that `fault_tolerance.retry_on` names
+    # Ray node ids of the ranks cut off from the controller when the attempt ended: their
+    # files are not asked for again (metrics recovery would wait out its timeout on them)
+    unreachable_nodes: tuple[str, ...] = ()
 
 
 Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Usage

@@ -9,6 +9,7 @@ controller: `RankStatus` updates, `RankFailure`s, a `Drained` batch per tick
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -41,14 +42,16 @@ _POLLS_KEPT = 3  # poll calls a rank may have out at once
 
 class Answers:
     """The answers to one call per key (such as the rank -> ObjectRef), read as they come, all
-    within one deadline of `timeout_s`; the keys in `cut_off` are waited for at most `grace_s`
-    once every other call answered. `gather_answers` blocks until the calls are done; a caller
-    that must go on meanwhile (the straggler probe, beside the polls) reads them with
-    `wait(0)` each tick. `values`: per key its value; `errors`: the RayError its call raised,
+    within one deadline of `timeout_s`; the keys in `cut_off` (a set, or a function that says
+    which keys are cut off now: a rank's silence grows while its call is out) are waited for at
+    most `grace_s` once every other call answered. `gather_answers` blocks until the calls are
+    done; a caller that must go on meanwhile (the straggler probe, beside the polls) reads them
+    with `wait(0)` each tick. `values`: per key its value; `errors`: the RayError its call raised,
     or a GetTimeoutError when it did not answer in time."""
 
     def __init__(self, refs: dict[Any, Any], *, timeout_s: float,
-                 cut_off: set[Any] | None = None, grace_s: float = CUT_OFF_GRACE_S) -> None:
+                 cut_off: set[Any] | Callable[[], set[Any]] | None = None,
+                 grace_s: float = CUT_OFF_GRACE_S) -> None:
         self.keys = list(refs)
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
@@ -64,9 +67,10 @@ class Answers:
         return not self._pending
 
     def _end(self, now: float) -> float:
-        if self._others_done is None and self._cut_off is not None \
-                and set(self._pending.values()) <= self._cut_off:
-            self._others_done = now
+        if self._others_done is None and self._cut_off is not None:
+            cut = self._cut_off() if callable(self._cut_off) else self._cut_off
+            if set(self._pending.values()) <= cut:
+                self._others_done = now
         return self.deadline if self._others_done is None \
             else min(self.deadline, self._others_done + self._grace_s)
 
@@ -84,6 +88,8 @@ class Answers:
                 self._pending.clear()
                 break
             stop = end if limit is None else min(end, limit)
+            if callable(self._cut_off):
+                stop = min(stop, now + 1.0)  # who is cut off is asked again each second
             ready, _ = ray.wait(list(self._pending), num_returns=1,
                                 timeout=max(0.0, stop - now))
             for ref in ready:
@@ -97,7 +103,8 @@ class Answers:
         return True
 
 
-def gather_answers(refs: dict[Any, Any], *, timeout_s: float, cut_off: set[Any] | None = None,
+def gather_answers(refs: dict[Any, Any], *, timeout_s: float,
+                   cut_off: set[Any] | Callable[[], set[Any]] | None = None,
                    grace_s: float = CUT_OFF_GRACE_S) -> tuple[dict[Any, Any], dict[Any, Any]]:
     """The answers of the calls `refs` within one deadline (`Answers`): (values, errors)."""
     answers = Answers(refs, timeout_s=timeout_s, cut_off=cut_off, grace_s=grace_s)
@@ -326,6 +333,12 @@ class WorkerGang:
                 message=f"worker unreachable: its host is down or cut off (it answered no "
                 f"call for {silent:.0f} s while the other ranks did)")
 
+    def unreachable_nodes(self) -> tuple[str, ...]:
+        """Ray node ids of the ranks found unreachable or cut off now."""
+        ranks = self.unreachable | self.cut_off()
+        return tuple(sorted({str(self.ranks[r].node_id) for r in ranks
+                             if r in self.ranks and self.ranks[r].node_id}))
+
     def cut_off(self) -> set[int]:
         """Live ranks whose worker has answered no poll for CUT_OFF_S while a peer answered."""
         return {r for r in self.workers if r not in self._dead and self.silent_s(r) >= CUT_OFF_S}
@@ -386,7 +399,9 @@ class WorkerGang:
         (`diagnostics_replies` once it is done)."""
         refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
                 if r not in self._dead}
-        return Answers(refs, timeout_s=timeout_s, cut_off=self.cut_off())
+        # cut off as the call goes: a rank that went silent just before it is given up
+        # CUT_OFF_GRACE_S after its peers once its silence reaches CUT_OFF_S, not at the deadline
+        return Answers(refs, timeout_s=timeout_s, cut_off=self.cut_off)
 
     def diagnostics_replies(self, answers: Answers) -> dict[int, Any]:
         """Per rank asked, its answer or {"error": ...} (`answers` is done)."""

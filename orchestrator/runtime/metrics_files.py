@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +61,9 @@ def read_rank_rows(path: Path, *, rank: int, run_dir: Path) -> list[dict[str, An
     return list(rows.values())
 
 
-NODE_READ_TIMEOUT_S = 5.0  # a live node's answer; a cut-off one delays the restart this long
+# A live node's answer; a cut-off one delays the restart this long, unless the attempt's end
+# named it unreachable (gather_rows: `unreachable`).
+NODE_READ_TIMEOUT_S = 5.0
 
 
 def read_attempt_rows(run_dir: str | Path, attempt: int, ranks: list[int]
@@ -93,9 +95,11 @@ class Gathered:
 
 
 def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
-                nodes: Mapping[int, str | None]) -> Gathered:
+                nodes: Mapping[int, str | None],
+                unreachable: Collection[str] = ()) -> Gathered:
     """Every rank's rows, each read on its node (`nodes`: rank -> Ray node id) by a Ray task
-    pinned there; ranks with no node are read here."""
+    pinned there; ranks with no node are read here. The nodes in `unreachable` (cut off from
+    the attempt's controller when it ended) are not asked: their ranks are named."""
     import ray
 
     from orchestrator.runtime.on_nodes import run_on_nodes
@@ -104,10 +108,13 @@ def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
              if ray.is_initialized() else set())
     by_node: dict[str, list[int]] = {}
     here: list[int] = []
+    out = Gathered()
     for rank in range(world_size):
         node = nodes.get(rank)
+        if node is not None and node in unreachable:
+            out.unrecovered[rank] = "its host was cut off from the controller"
+            continue
         (by_node.setdefault(node, []) if node in alive else here).append(rank)
-    out = Gathered()
     out.rows, missing = read_attempt_rows(run_dir, attempt, here)
     for rank in missing:
         if nodes.get(rank):  # it ran somewhere else, now gone
@@ -125,12 +132,12 @@ def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
 
 
 def ingest_attempt_files(store: Store, *, job_id: str, attempt: int, run_dir: Path,
-                         world_size: int, nodes: Mapping[int, str | None] | None = None
-                         ) -> Gathered:
+                         world_size: int, nodes: Mapping[int, str | None] | None = None,
+                         unreachable: Collection[str] = ()) -> Gathered:
     """Adds the attempt's rows the store lacks (read on each rank's node, `gather_rows`);
     returns what was read and which ranks could not be."""
     got = gather_rows(run_dir=run_dir, attempt=attempt, world_size=world_size,
-                      nodes=nodes or {})
+                      nodes=nodes or {}, unreachable=unreachable)
     got.added = store.add_missing_metrics(job_id, attempt, got.rows) if got.rows else 0
     if got.added:
         log.warning("job %s attempt %d: %d metric rows recovered from the ranks' files",

@@ -86,3 +86,22 @@ def test_answers_are_read_as_they_come_without_waiting_for_the_rest(answerer: An
     assert answers.wait() is True  # until the deadline: rank 1 never answered
     assert answers.done and answers.values == {0: 0}
     assert isinstance(answers.errors[1], GetTimeoutError)
+
+
+def test_a_rank_cut_off_while_its_call_is_out_is_given_up_then(answerer: Any) -> None:
+    """Who is cut off is asked as the call goes: a rank whose silence reaches the cut-off
+    during a diagnosis round is waited for a grace after that, not the round's deadline."""
+    refs = {0: answerer.answer.remote(0, 0.0), 1: answerer.answer.remote(1, 60.0)}
+    start = time.monotonic()
+    asked: list[float] = []
+
+    def cut_off() -> set[int]:
+        asked.append(time.monotonic() - start)
+        return {1} if time.monotonic() - start >= 1.5 else set()
+
+    values, errors = gather_answers(refs, timeout_s=40.0, cut_off=cut_off, grace_s=0.5)
+    took = time.monotonic() - start
+    assert values == {0: 0}
+    assert isinstance(errors[1], GetTimeoutError)
+    assert any(t < 1.5 for t in asked) and any(t >= 1.5 for t in asked)  # asked again
+    assert took < 20.0, took  # not the 40 s deadline

@@ -69,3 +69,30 @@ def test_a_step_done_before_its_sync_is_recovered_and_merged_with_its_full_row(
         assert job_now is not None and job_now.last_step == 3
     finally:
         store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_on_a_host_cut_off_from_the_controller_is_named_not_read(
+        db_url: str, tmp_path: Path) -> None:
+    """The attempt ended with rank 1's host cut off: its file is not asked for (the read would
+    wait out its timeout before the restart); rank 0's rows are recovered."""
+    store = open_store(db_url)
+    try:
+        job, _ = store.submit_job(parse_spec({"name": "cut-off",
+                                              "parallelism": {"dp_replicate": 2}}),
+                                  owner="admin")
+        logs = tmp_path / job.id / "logs" / "attempt-1"
+        logs.mkdir(parents=True)
+        for r in (0, 1):
+            (logs / f"rank-{r}.metrics.jsonl").write_text("".join(
+                json.dumps({"rank": r, "step": s, "time": float(s), "loss": 1.0}) + "\n"
+                for s in (1, 2, 3)))
+        got = ingest_attempt_files(store, job_id=job.id, attempt=1, run_dir=tmp_path / job.id,
+                                   world_size=2, nodes={0: "node-a", 1: "node-b"},
+                                   unreachable=("node-b",))
+        assert got.added == 3
+        assert got.unrecovered == {1: "its host was cut off from the controller"}
+        assert [m.step for m in store.list_metrics(job.id, rank=0)] == [1, 2, 3]
+        assert store.list_metrics(job.id, rank=1) == []
+    finally:
+        store.close()
