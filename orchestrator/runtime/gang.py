@@ -44,9 +44,9 @@ class Answers:
     """The answers to one call per key (such as the rank -> ObjectRef), read as they come, all
     within one deadline of `timeout_s`; the keys in `cut_off` (a set, or a function that says
     which keys are cut off now: a rank's silence grows while its call is out) are waited for at
-    most `grace_s` once every other call answered. `gather_answers` blocks until the calls are
-    done; a caller that must go on meanwhile (the straggler probe, beside the polls) reads them
-    with `wait(0)` each tick. `values`: per key its value; `errors`: the RayError its call raised,
+    most `grace_s` once every other call answered. `wait()` blocks until the calls are done
+    (`gather_answers`); `wait(s)` reads what came within `s` seconds and says whether any call
+    is still out. `values`: per key its value; `errors`: the RayError its call raised,
     or a GetTimeoutError when it did not answer in time."""
 
     def __init__(self, refs: dict[Any, Any], *, timeout_s: float,

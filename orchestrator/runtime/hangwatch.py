@@ -12,12 +12,6 @@ one shared stamp, so the artifacts of a round share `run_dir/diagnostics/<stamp>
 process died are evidence too (exit message + the op they announced before the call). The
 report goes out as a `Diagnosis` event that the control plane stores; `tick` returns a `Failed`
 when the spec says restart or fail. Nothing here raises into the controller.
-
-The periodic straggler probe asks the same of every rank but does not wait for the answers:
-later ticks read them, so the controller keeps polling while a rank takes its time (or sits
-behind a link that dropped: its silence is then a link gap, seen by the polls). A stall round
-that falls due meanwhile waits for the probe's answers first (one diagnostics call at a time
-runs in a worker).
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from typing import Any
 from orchestrator.mesh import MeshShape
 from orchestrator.runtime.events import AttemptConfig, Diagnosis, Failed, Payload, WatchdogError
 from orchestrator.runtime.failures import RankFailure, mask_secrets
-from orchestrator.runtime.gang import Answers, Drained, WorkerGang
+from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.node_evidence import (
     NodeEvidence,
     gather_announcements,
@@ -69,7 +63,6 @@ class AttemptWatchdog:
         self._user_code = cfg.spec.kind is SpecKind.USER_CODE
         env = cfg.spec.entrypoint.env if cfg.spec.entrypoint is not None else None
         self._secrets = tuple(env.values()) if env else ()
-        self._probing: Answers | None = None  # the straggler probe's call, while out
 
     # -- controller hooks -------------------------------------------------------------------
     def tick(self, gang: WorkerGang, drained: Drained) -> Failed | None:
@@ -83,13 +76,9 @@ class AttemptWatchdog:
                 self.open_report = None  # progress resumed: that hang is over
             due = self.monitor.due(now)
             if due is not None:
-                self._finish_probe(gang, wait=True)
                 return self._stall_round(gang, due)
-            if self._probing is not None:
-                self._finish_probe(gang, wait=False)
-            elif self.monitor.probe_due(now):
-                self._probing = gang.ask_diagnostics(request={"stamp": _PROBE_STAMP},
-                                                     timeout_s=_DIAG_TIMEOUT_S)
+            if self.monitor.probe_due(now):
+                self._probe(gang)
         except Exception as exc:  # noqa: BLE001 - the watchdog never takes the attempt down
             self._error(exc)
         return None
@@ -98,7 +87,6 @@ class AttemptWatchdog:
         """A rank's process died or its training raised: when peers are left waiting on it,
         diagnose before the gang is stopped (their stacks and traces show the wait)."""
         try:
-            self._probing = None  # its answers, if they come, are not needed now
             if self.monitor.reported:
                 return  # a hang was already diagnosed; its fallout (timeouts) is not news
             if any(f.error_type == "PreflightFailed" for f in failures):
@@ -166,27 +154,17 @@ class AttemptWatchdog:
         gang.wait(timeout_s=0.2)
         return gang.all_done() and not gang.failures()
 
-    def _finish_probe(self, gang: WorkerGang, *, wait: bool) -> None:
-        """The straggler probe's report once every rank answered (or its deadline passed);
-        with `wait`, blocks until then."""
-        probing = self._probing
-        if probing is None or not probing.wait(None if wait else 0.0):
-            return
-        self._probing = None
+    def _probe(self, gang: WorkerGang) -> None:
         report = self._round(gang, trigger="straggler", stamp=_PROBE_STAMP,
-                             context="periodic time-to-enter probe",
-                             replies=gang.diagnostics_replies(probing))
+                             context="periodic time-to-enter probe")
         if self.monitor.keep_straggler(report):
             self._publish(report, trigger="straggler")
 
     def _round(self, gang: WorkerGang, *, trigger: str, context: str, stamp: str | None = None,
                dead: Mapping[int, str] | None = None,
-               exit_times: Mapping[int, float] | None = None,
-               replies: Mapping[int, Any] | None = None) -> DiagnosisReport:
-        """One diagnosis round; `replies`: the ranks' answers when they were asked already."""
+               exit_times: Mapping[int, float] | None = None) -> DiagnosisReport:
         stamp = stamp or f"{stamp_now()}-{next(self._rounds)}"
-        if replies is None:
-            replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
+        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
         dead = dict(dead or {})
         if trigger != "straggler" and not dead:
             # Ranks that ended before or while this round ran (a stall's cause can be a rank

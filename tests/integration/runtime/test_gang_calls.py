@@ -70,8 +70,8 @@ def test_a_call_that_raises_is_an_error_not_a_timeout(answerer: Any) -> None:
 
 
 def test_answers_are_read_as_they_come_without_waiting_for_the_rest(answerer: Any) -> None:
-    """The straggler probe's way: each controller tick reads what answered and goes on to
-    poll; a rank that does not answer holds no tick."""
+    """`wait(0)` reads what answered and returns: a rank that does not answer holds no
+    reader."""
     refs = {0: answerer.answer.remote(0, 0.0), 1: answerer.answer.remote(1, 60.0)}
     answers = Answers(refs, timeout_s=4.0)
     reads = 0

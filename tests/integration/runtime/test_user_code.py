@@ -138,7 +138,12 @@ def test_function_that_does_not_import_fails_at_once_with_the_error(runtime, sto
     assert len(store.list_attempts(job_id)) == 1  # not restarted: it would fail the same way
     assert "ModuleNotFoundError" in job.message and "No module named 'trian'" in job.message
     err = [e for e in store.list_events(job_id) if e.kind == "error"][-1]
-    assert err.data["groups"][0]["ranks"] == [0, 1]
+    # One failure, grouped: each rank fails the same way, but a rank whose process has not
+    # reached the import when the other's error ends the attempt (a loaded host starts cold
+    # rank processes seconds apart) is stopped instead and is not in the group.
+    (group,) = err.data["groups"]
+    assert group["ranks"] in ([0], [1], [0, 1]), group
+    assert "ModuleNotFoundError" in group["signature"] + group["message"]
     wait_for(store, job_id, lambda j: j.state.terminal)
 
 
