@@ -390,32 +390,21 @@ class WorkerGang:
         """Every live rank's answer to `diagnostics(request)` within `timeout_s` (one deadline
         for all); a rank cut off for CUT_OFF_S is waited for CUT_OFF_GRACE_S beyond the
         others. A rank without an answer maps to {"error": "<exception type>: ..."}."""
-        answers = self.ask_diagnostics(request=request, timeout_s=timeout_s)
-        answers.wait()
-        return self.diagnostics_replies(answers)
-
-    def ask_diagnostics(self, *, request: dict[str, Any], timeout_s: float) -> Answers:
-        """`diagnostics(request)` asked of every live rank; the answers come in `Answers`
-        (`diagnostics_replies` once it is done)."""
         refs = {r: w.diagnostics.remote(request) for r, w in self.workers.items()
                 if r not in self._dead}
         # cut off as the call goes: a rank that went silent just before it is given up
         # CUT_OFF_GRACE_S after its peers once its silence reaches CUT_OFF_S, not at the deadline
-        return Answers(refs, timeout_s=timeout_s, cut_off=self.cut_off)
-
-    def diagnostics_replies(self, answers: Answers) -> dict[int, Any]:
-        """Per rank asked, its answer or {"error": ...} (`answers` is done)."""
-        out = dict(answers.values)
-        for r, exc in answers.errors.items():
+        out, errors = gather_answers(refs, timeout_s=timeout_s, cut_off=self.cut_off)
+        for r, exc in errors.items():
             out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        silent = [r for r, exc in answers.errors.items() if isinstance(exc, GetTimeoutError)]
+        silent = [r for r, exc in errors.items() if isinstance(exc, GetTimeoutError)]
         # A rank that answered no diagnostics call while another did was silent (its next
         # poll answer ends a link gap); an answer here, which can take seconds of evidence
         # gathering, says nothing about when the rank was reachable.
-        if len(silent) < len(answers.keys):
+        if len(silent) < len(refs):
             for r in silent:
                 self._answers.missed(r)
-        return {r: out[r] for r in answers.keys}
+        return {r: out[r] for r in refs}
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""
