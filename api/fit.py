@@ -8,7 +8,8 @@ when neither names one, an embedded `meshyard serve` on 127.0.0.1 (its data dir
 new log line of every rank as `(rank N) line`, waits for the end, and writes RESULT: {job_id,
 state, message, failure_reason, metrics (rank 0's last report: every numeric key from the
 service, text values too when the run dir is readable here), history, checkpoint (newest
-complete, copied to `<results_dir>/checkpoint_<step>` when its files are readable here),
+complete, copied to `<results_dir>/checkpoint_<step>` when its files are readable here; its
+`s3://` address on the cluster's checkpoint store),
 path}. Ctrl-C cancels the job.
 """
 
@@ -155,8 +156,9 @@ def follow(client: MeshyardClient, request: Mapping[str, Any], *,
     history = metrics_history(client, job_id)
     ckpts = [c for c in client.checkpoints(job_id).items if not c.removed]
     newest = max(ckpts, key=lambda c: (c.attempt, c.step)) if ckpts else None
+    local = newest is not None and "://" not in newest.path  # not on object storage
     run_dir = (runs_dir / job_id) if runs_dir is not None else \
-        (Path(newest.path).parents[1] if newest is not None else None)
+        (Path(newest.path).parents[1] if newest is not None and local else None)
     if run_dir is not None:
         reports = _last_reports(run_dir, job.current_attempt or 1)
         if reports and history:
@@ -166,7 +168,7 @@ def follow(client: MeshyardClient, request: Mapping[str, Any], *,
     if newest is not None:
         checkpoint = newest.path
         src = Path(newest.path)
-        if src.is_dir():
+        if local and src.is_dir():
             dest = results / f"checkpoint_{newest.step:06d}"
             shutil.copytree(src, dest, dirs_exist_ok=True)
             checkpoint, path = str(dest), str(results)

@@ -1,11 +1,12 @@
 """Faults on the lab (deploy/lab): each kind injected mid-training on a real multi-host Ray
 cluster of network-namespace hosts, and what meshyard did, timed.
 
-Lab: three Ray hosts and a control-plane host (`meshyard serve`, its checkpoint storage the
-lab's shared storage), brought up once. Job: a 2-rank built-in GPT, one rank a host, a
-checkpoint every 10 steps, `max_failures: 1` (deploy/lab/jobs.py, CHECKPOINTED). Each kind
-runs its own job, faults the host of rank 1 (the control plane's host for `control_plane`, the
-shared storage for `full_disk`) once both ranks are past step 25, and restores the lab after.
+Lab: three Ray hosts and a control-plane host (`meshyard serve`, its checkpoints on the lab's
+object store, an S3-compatible server on that host), brought up once. Job: a 2-rank built-in
+GPT, one rank a host, a checkpoint every 10 steps, `max_failures: 1` (deploy/lab/jobs.py,
+CHECKPOINTED). Each kind runs its own job, faults the host of rank 1 (the control plane's host
+for `control_plane`; rank 1's host's own run-dir disk for `full_disk`) once both ranks are
+past step 25, and restores the lab after.
 
 Per kind, from the fault: the first stored event that explains it (a failure, a diagnosis, a
 failed save) and its delay; whether it names the faulted host; the host's health after; the
@@ -19,7 +20,8 @@ Goal (issue): the right verdict and host for every kind, fault -> next step unde
                                          [--out bench/results/chaos.json]
 
 Kinds: host_crash (every process of the host killed -9), partition (its link down),
-full_disk (the shared checkpoint storage filled to 100 %), control_plane (`meshyard serve`
+full_disk (rank 1's host's run-dir disk, where it writes its checkpoint part, filled to 100 %),
+control_plane (`meshyard serve`
 killed -9 and started again on its host), flapping_link (link down 5 s, then up), slow_link
 (the host's link shaped to 4 Mbit/s for 60 s, then a new job placed while it still is: does
 the pre-flight check refuse the host?). Needs root and iproute2 (deploy/lab/README.md).
@@ -142,11 +144,10 @@ def run_kind(lab: labmod.Lab, kind: str) -> dict[str, Any]:
         elif kind == "partition":
             lab.link_down(victim)
         elif kind == "full_disk":
-            victim = lab.head  # the shared storage: every host's; reported for the head
-            lab.fill_disk(victim, labmod.STORAGE_DIR)
+            lab.fill_disk(victim, labmod.RUN_DIR)
             w.wait("the failed save", lambda w: any("was not saved" in e["message"]
                                                     for e in w.events()), timeout=180)
-            lab.free_disk(victim, labmod.STORAGE_DIR)
+            lab.free_disk(victim, labmod.RUN_DIR)
         elif kind == "control_plane":
             victim = labjobs.control_plane(lab)
             for pid in labjobs.serve_pids(lab):

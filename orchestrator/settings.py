@@ -7,11 +7,12 @@ List settings read from the environment as comma-separated values
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from orchestrator.admission.access import Policy, Role
@@ -19,6 +20,7 @@ from orchestrator.admission.quotas import Quota
 from orchestrator.isolation.modes import IsolationMode, JobConfinement
 from orchestrator.isolation.runfiles import checkpoint_place
 from orchestrator.nodes.health_policy import HealthPolicy
+from orchestrator.storage.object_storage import ObjectStorage, StorageError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # Warm pool defaults (per node): the demo job's world size on the embedded Ray; a
@@ -42,6 +44,22 @@ class Settings(BaseSettings):
         "a restart on other hosts finds them. Unset: under each job's run dir, on the disk of "
         "the host a rank runs on; a job whose ranks land on more than one host then does not "
         "start while it keeps checkpoints.")
+    checkpoint_uri: str | None = Field(
+        default=None, max_length=1024, description="Object storage for checkpoints, "
+        "s3://BUCKET[/PREFIX] on an S3-compatible store (orchestrator/runtime/"
+        "object_storage.py): each job's go to <it>/<job id>/step_<N>/, uploaded from the hosts "
+        "by meshyard's own processes; the job's ranks never see the store or its keys. "
+        "Exclusive with checkpoint_storage.")
+    s3_endpoint: str | None = Field(
+        default=None, max_length=512, description="The store's address, http(s)://HOST[:PORT] "
+        "(MinIO, Ceph, a cloud's S3 endpoint); unset: AWS's own.")
+    s3_region: str = Field(default="us-east-1", max_length=64)
+    s3_access_key: SecretStr | None = Field(
+        default=None, description="The store's key; unset: AWS_ACCESS_KEY_ID of the server's "
+        "environment, else AWS's credential chain on each host.")
+    s3_secret_key: SecretStr | None = Field(
+        default=None, description="Its secret; unset: AWS_SECRET_ACCESS_KEY of the server's "
+        "environment.")
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/meshyard.db"
     )
@@ -208,6 +226,21 @@ class Settings(BaseSettings):
         if self.warm_pool is not None:
             return self.warm_pool
         return CLUSTER_WARM_POOL if self.ray_address else EMBEDDED_WARM_POOL
+
+    def object_storage(self) -> ObjectStorage | None:
+        """The checkpoint store (`checkpoint_uri`) with its endpoint and keys; None without
+        one. StorageError for a URI that is not one, or both checkpoint settings at once."""
+        if not self.checkpoint_uri:
+            return None
+        if self.checkpoint_storage is not None:
+            raise StorageError("MESHYARD_CHECKPOINT_URI and MESHYARD_CHECKPOINT_STORAGE are both "
+                               "set: give checkpoints one home (unset one of them)")
+        key = (self.s3_access_key.get_secret_value() if self.s3_access_key
+               else os.environ.get("AWS_ACCESS_KEY_ID"))
+        secret = (self.s3_secret_key.get_secret_value() if self.s3_secret_key
+                  else os.environ.get("AWS_SECRET_ACCESS_KEY"))
+        return ObjectStorage.parse(self.checkpoint_uri, endpoint=self.s3_endpoint,
+                                   region=self.s3_region, access_key=key, secret_key=secret)
 
     @property
     def resolved_runs_dir(self) -> Path:

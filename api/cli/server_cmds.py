@@ -27,6 +27,13 @@ def serve_cmd(
         help="A directory every host mounts at this path (NFS, a parallel filesystem), where "
         "jobs keep their checkpoints [env MESHYARD_CHECKPOINT_STORAGE; default: each job's run "
         "dir, on the host a rank runs on].")] = None,
+    checkpoint_uri: Annotated[str | None, typer.Option(
+        help="Object storage for checkpoints, s3://BUCKET[/PREFIX], reached at --s3-endpoint "
+        "with MESHYARD_S3_ACCESS_KEY / MESHYARD_S3_SECRET_KEY (or AWS_ACCESS_KEY_ID / "
+        "AWS_SECRET_ACCESS_KEY) [env MESHYARD_CHECKPOINT_URI].")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(
+        help="The checkpoint store's http(s)://HOST[:PORT] [env MESHYARD_S3_ENDPOINT; default: "
+        "AWS].")] = None,
     allow_fault_injection: Annotated[bool | None, typer.Option(
         "--allow-fault-injection", help="Accept inject_fault blocks (tests, demos).")] = None,
     no_scheduler: Annotated[bool, typer.Option(
@@ -41,6 +48,7 @@ def serve_cmd(
     settings = settings_from(host=host, port=port, data_dir=data_dir, database_url=database_url,
                              ray_address=ray_address, cluster_file=cluster_file,
                              checkpoint_storage=checkpoint_storage,
+                             checkpoint_uri=checkpoint_uri, s3_endpoint=s3_endpoint,
                              allow_fault_injection=allow_fault_injection,
                              scheduler_enabled=False if no_scheduler else None)
     serve(settings, demo=demo, access_log=access_log)

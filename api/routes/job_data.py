@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path as FsPath
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
@@ -39,7 +40,9 @@ from api.schemas import (
 from api.store_views import job_goodput
 from orchestrator.bounds.limits import INT32_MAX
 from orchestrator.isolation import runfiles
+from orchestrator.settings import Settings
 from orchestrator.spec import FieldIssue
+from orchestrator.storage.object_storage import StorageError
 from orchestrator.store.metric_values import FIXED_FIELDS, MAX_KEYS_PER_JOB, valid_key
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
@@ -211,6 +214,8 @@ def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
     if found.removed:
         raise NotFound(f"the checkpoint of step {step} was pruned from disk "
                        "(checkpoint.keep); a newer one is kept")
+    if found.path.startswith("s3://"):
+        return _download_from_store(settings, job.id, step)
     run_dir = FsPath(settings.resolved_runs_dir).resolve() / job.id
     if settings.checkpoint_storage is not None:  # on the shared storage, where it was written
         stored = settings.checkpoint_storage.resolve() / job.id
@@ -230,18 +235,51 @@ def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
         raise ApiError(413, f"the checkpoint is {total} bytes, over the "
                        f"{MAX_CHECKPOINT_DOWNLOAD_BYTES}-byte download limit; copy it from "
                        "the node")
-    folder = f"{job.id}-step{step}"
     base = FsPath(found.path)
     base = base if base.is_absolute() else run_dir / base
+    return _tar_response(f"{job.id}-step{step}", files, int(found.at.timestamp()),
+                         lambda name: os.fdopen(runfiles.open_read(run_dir, base / name), "rb"))
+
+
+def _download_from_store(settings: Settings, job_id: str, step: int) -> StreamingResponse:
+    """A checkpoint on the cluster's checkpoint store: its objects under the job's own folder
+    there (named from the job and the step, never from a stored path)."""
+    storage = settings.object_storage()
+    if storage is None:
+        raise NotFound(f"the checkpoint of step {step} is on object storage, and this server "
+                       "has no checkpoint store configured (MESHYARD_CHECKPOINT_URI)")
+    try:
+        fs = storage.filesystem()
+        if step not in storage.complete_steps(job_id, fs=fs):
+            raise NotFound(f"the checkpoint of step {step} is no longer in {storage.uri} "
+                           "(checkpoint.keep pruned it)")
+        files = storage.step_files(job_id, step, fs=fs, max_files=MAX_CHECKPOINT_FILES)
+    except StorageError as exc:
+        raise ApiError(503, str(exc)) from None
+    except ValueError as exc:
+        raise ApiError(413, f"the checkpoint holds {exc}; copy it from the store") from None
+    total = sum(size for _, size in files)
+    if total > MAX_CHECKPOINT_DOWNLOAD_BYTES:
+        raise ApiError(413, f"the checkpoint is {total} bytes, over the "
+                       f"{MAX_CHECKPOINT_DOWNLOAD_BYTES}-byte download limit; copy it from "
+                       f"{storage.step_uri(job_id, step)}")
+    base = storage.step_path(job_id, step)
+    return _tar_response(f"{job_id}-step{step}", files, int(time.time()),
+                         lambda name: fs.open_input_stream(f"{base}/{name}"))
+
+
+def _tar_response(folder: str, files: list[tuple[str, int]], mtime: int,
+                  open_file: Callable[[str], Any]) -> StreamingResponse:
+    """An uncompressed tar of `files` ((name, size) as listed) under `folder`, streamed; a
+    file that shrank since it was listed keeps its listed size (zero-filled)."""
 
     def chunks() -> Iterator[bytes]:
         for name, size in files:
             info = tarfile.TarInfo(f"{folder}/{name}")
-            info.size, info.mode, info.mtime = size, 0o644, int(found.at.timestamp())
+            info.size, info.mode, info.mtime = size, 0o644, mtime
             yield info.tobuf(format=tarfile.PAX_FORMAT)
             left = size
-            fd = runfiles.open_read(run_dir, base / name)
-            with os.fdopen(fd, "rb") as f:
+            with open_file(name) as f:
                 while left > 0:
                     data = f.read(min(_CHUNK, left))
                     if not data:
@@ -249,7 +287,7 @@ def download_checkpoint(job: JobDep, store: StoreDep, settings: SettingsDep,
                     left -= len(data)
                     yield data
             if left:
-                yield b"\0" * left  # the file shrank since it was listed: its size stays
+                yield b"\0" * left
             if size % tarfile.BLOCKSIZE:
                 yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
         yield b"\0" * (2 * tarfile.BLOCKSIZE)

@@ -3,7 +3,10 @@
 
 `meshyard serve` runs on the lab's last host (a plain host joined to Ray with nothing to
 schedule on, as a deployment's control plane is), its database on that host's private disk
-and its checkpoint storage the lab's shared storage. A client on the head submits a job and
+and its checkpoints on the lab's object store: an S3-compatible server on the same host
+(deploy/lab/s3server.py), which the Ray hosts reach over the lab network and the job's
+ranks never see (they keep checkpoints on their hosts' private disks; meshyard's worker
+actors upload and download them). A client on the head submits a job and
 logs, as JSON lines in the head's lab dir, the job's state, ranks and new events every half
 second (`Watch`); readers wait on that log with generous bounds.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.lab import lab as labmod
+from deploy.lab import s3server
 
 TOKEN = "lab-admin-token-" + "0" * 24
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -34,7 +38,7 @@ SPEC: dict[str, Any] = {
     "training": {"steps": 5000, "micro_batch_size": 2, "lr": 0.003},
     "checkpoint": {"enabled": False},
     "fault_tolerance": {"max_failures": 1}}
-# The same job saving a checkpoint to the shared storage every 10 steps.
+# The same job saving a checkpoint every 10 steps (to the object store, through its hosts).
 CHECKPOINTED: dict[str, Any] = {**SPEC, "checkpoint": {"enabled": True, "every_steps": 10,
                                                        "keep": 2, "async_save": False}}
 
@@ -66,15 +70,54 @@ def control_plane(lab: labmod.Lab) -> labmod.Host:
     return lab.hosts[-1]
 
 
+def start_store(lab: labmod.Lab) -> dict[str, str]:
+    """The lab's S3-compatible server on the control plane's host, its bucket made; returns
+    the control plane's settings for it (also kept in the host's lab dir, `s3.json`)."""
+    cp = control_plane(lab)
+
+    def run_python(code: str) -> None:
+        lab.python_in(cp, code, check=True, timeout=90)
+
+    server = s3server.start(cp.ip, log=cp.dir / "s3.log", run_python=run_python,
+                            spawn=lambda argv: lab.spawn_in(cp, argv, log="s3.log"))
+    env = server.env()
+    (cp.dir / "s3.json").write_text(json.dumps(env))
+    return env
+
+
+def store_env(lab: labmod.Lab) -> dict[str, str]:
+    """The settings `start_store` returned."""
+    return dict(json.loads((control_plane(lab).dir / "s3.json").read_text()))
+
+
+def store_keys(lab: labmod.Lab, job_id: str) -> list[str]:
+    """Every object of the job's checkpoints in the lab's store, relative to its folder (read
+    on the control plane's host, the way meshyard reads them)."""
+    code = ("import json, os\n"
+            "from orchestrator.storage.object_storage import ObjectStorage\n"
+            "from pyarrow import fs as pafs\n"
+            "e = json.loads(os.environ['LAB_S3'])\n"
+            "s = ObjectStorage.parse(e['MESHYARD_CHECKPOINT_URI'], "
+            "endpoint=e['MESHYARD_S3_ENDPOINT'], access_key=e['MESHYARD_S3_ACCESS_KEY'], "
+            "secret_key=e['MESHYARD_S3_SECRET_KEY'])\n"
+            f"base = s.job_path({job_id!r})\n"
+            "infos = s.filesystem().get_file_info(pafs.FileSelector(base, recursive=True, "
+            "allow_not_found=True))\n"
+            "print(json.dumps(sorted(i.path[len(base) + 1:] for i in infos "
+            "if i.type is pafs.FileType.File)))\n")
+    out = lab.python_in(control_plane(lab), code, check=True,
+                        env={"LAB_S3": json.dumps(store_env(lab))})
+    return list(json.loads(out.stdout))
+
+
 def start_serve(lab: labmod.Lab) -> None:
-    """`meshyard serve` on the control plane's host, its checkpoint storage the lab's."""
+    """`meshyard serve` on the control plane's host, its checkpoints on the lab's store."""
     cp = control_plane(lab)
     lab.spawn_in(cp, [f"{sys.prefix}/bin/meshyard", "serve", "--host", cp.ip,
                       "--port", str(PORT), "--data-dir", f"{labmod.RUN_DIR}/meshyard",
-                      "--checkpoint-storage", labmod.STORAGE_DIR,
                       "--ray-address", lab.ray_address, "--no-access-log"],
                  log="serve.log", env={"MESHYARD_ADMIN_TOKEN": TOKEN,
-                                       "MESHYARD_WARM_POOL_USER_CODE": "0"})
+                                       "MESHYARD_WARM_POOL_USER_CODE": "0", **store_env(lab)})
     lab.wait_port(cp, PORT, timeout=180)
 
 
@@ -97,6 +140,7 @@ def up(ray_hosts: int = 3) -> labmod.Lab:
     try:
         lab.start_ray(control_plane(lab), cpus=0, gpus=0)
         lab.wait_nodes(ray_hosts + 1)
+        start_store(lab)
         start_serve(lab)
     except BaseException:
         labmod.down()

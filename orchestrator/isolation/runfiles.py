@@ -26,6 +26,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,20 @@ def walk_files(root: str | os.PathLike[str], path: str | os.PathLike[str], *,
     finally:
         os.close(fd)
     return out
+
+
+def remove_tree(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Removes `path` beneath `root`: a directory with all it holds, or a file or a link
+    itself (never what a link points to); nothing when it is absent."""
+    try:
+        with _parent(root, path) as (dir_fd, name):
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
 
 
 def open_write(root: str | os.PathLike[str], path: str | os.PathLike[str], *,

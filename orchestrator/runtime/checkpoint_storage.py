@@ -2,7 +2,8 @@
 
 A restarted attempt resumes from the newest complete checkpoint, and may land on other hosts
 than the one before: the checkpoints must be where every host reads them. With the cluster's
-checkpoint storage (`Settings.checkpoint_storage`, a directory every host mounts) they are.
+checkpoint storage (`Settings.checkpoint_storage`, a directory every host mounts) or its
+object store (`Settings.checkpoint_uri`, orchestrator/storage/object_storage.py) they are.
 Without it they go under each job's run dir, on the disk of the host each rank runs on: one
 host holds a rank's part and another host the marker, and no host has the whole. So a job of
 the built-in loop that keeps checkpoints and whose ranks landed on more than one host does not
@@ -35,6 +36,7 @@ def host_local_checkpoints(*, enabled: bool, shared: bool, root: str,
     return (f"the ranks landed on {len(hosts)} hosts ({shown}) and checkpoints would go to "
             f"{root} on each host's own disk, where a restart on other hosts cannot read them: "
             "give the cluster checkpoint storage that every host mounts at the same path "
-            "(MESHYARD_CHECKPOINT_STORAGE, or `meshyard serve --checkpoint-storage DIR`)"
+            "(MESHYARD_CHECKPOINT_STORAGE, or `meshyard serve --checkpoint-storage DIR`) or "
+            "an object store (MESHYARD_CHECKPOINT_URI=s3://BUCKET/PREFIX)"
             + (", or keep no checkpoint in this job" if user_code
                else ", or set checkpoint.enabled: false in the spec"))

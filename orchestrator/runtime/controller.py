@@ -36,6 +36,8 @@ from orchestrator.lifecycle import RankState, Reason
 from orchestrator.runtime.attempt_outcome import failed_outcome
 from orchestrator.runtime.checkpoint_seed import SeedError, seed_checkpoint
 from orchestrator.runtime.checkpoint_storage import host_local_checkpoints
+from orchestrator.runtime.checkpoint_uploads import CheckpointUploads
+from orchestrator.runtime.checkpoint_uploads import restore as restore_checkpoint
 from orchestrator.runtime.events import (
     NAMESPACE,
     PHASE_ORDER,
@@ -68,10 +70,15 @@ from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
 from orchestrator.spec import SpecKind
+from orchestrator.storage.object_storage import ObjectStorage, StorageError
 
 _TICK_S = 0.25
 _STOP_GRACE_S = 2.0
 _USER_STOP_GRACE_S = 5.0  # the rank process gets SIGTERM, then SIGKILL after 3 s
+# How long an ending attempt waits for its hosts' checkpoint uploads (a cut-off host's are
+# given up at once): a failed or stopped attempt, and a finished one (its final checkpoint).
+_END_UPLOADS_S = 60.0
+_FINAL_UPLOADS_S = 600.0
 _FINAL_STATE = {Succeeded: RankState.SUCCEEDED, Failed: RankState.FAILED,
                 Cancelled: RankState.CANCELLED}
 
@@ -102,6 +109,10 @@ class _EventLog:
         return self._seq
 
 
+def _no_marker(directory: Path, info: dict[str, Any]) -> None:
+    """User code's checkpoints with a checkpoint store: the marker is written there."""
+
+
 class AttemptController:
     """Runs one attempt. Methods other than the run thread are quick and thread-safe."""
 
@@ -125,9 +136,13 @@ class AttemptController:
 
     def _configure(self, config: AttemptConfig) -> None:
         self._user_code = config.spec.kind is SpecKind.USER_CODE
+        storage = config.object_storage
+        # With a checkpoint store the marker goes there, once every host uploaded its part.
         self._checkpoints = ReportedCheckpoints(
             root=Path(config.checkpoint_root), world_size=config.world_size,
-            attempt=config.attempt) if self._user_code else None
+            attempt=config.attempt, **({"write": _no_marker} if storage else {})
+        ) if self._user_code else None
+        self._uploads = CheckpointUploads(config, storage) if storage is not None else None
         self.cfg = config
 
     @property
@@ -236,11 +251,14 @@ class AttemptController:
             return
         refused = None if self._user_code else host_local_checkpoints(
             enabled=self.config.spec.checkpoint.enabled,
-            shared=self.config.checkpoint_dir is not None, root=self.config.checkpoint_root,
+            shared=self.config.checkpoint_dir is not None
+            or self.config.object_storage is not None, root=self.config.checkpoint_root,
             ips={r.rank: r.ip for r in ranks})
         if refused is not None:
             gang.kill()
             self._finish(Failed(reason=Reason.SETUP_ERROR, message=refused, blame=Blame.USER))
+            return
+        if not self._restore_checkpoint(gang):
             return
         with self._ranks_lock:
             self._ranks = {r.rank: r for r in ranks}
@@ -249,11 +267,61 @@ class AttemptController:
         self._enter(AttemptPhase.RUNNING)
         self._supervise(gang)
 
+    def _restore_checkpoint(self, gang: WorkerGang) -> bool:
+        """With a checkpoint store, a restarted attempt's hosts (or a first one started from
+        another job's checkpoint) hold the store's newest complete checkpoint before the
+        ranks start (runtime/checkpoint_uploads.py); False when that failed (it ended)."""
+        cfg = self.config
+        storage = cfg.object_storage
+        if storage is None or (cfg.attempt == 1 and cfg.spec.checkpoint.resume_from is None):
+            return True
+        t0 = time.monotonic()
+        step, error = restore_checkpoint(cfg, storage, gang.host_workers())
+        if error is not None:
+            gang.kill()
+            self._finish(Failed(reason=Reason.SETUP_ERROR, blame=Blame.INFRA, message=(
+                f"the checkpoint could not be placed on the job's hosts from {storage.uri}: "
+                f"{error}")))
+            return False
+        if step is not None:
+            self._log_line(f"INFO checkpoint of step {step} downloaded from "
+                           f"{storage.step_uri(cfg.job_id, step)} to "
+                           f"{len(gang.host_workers())} host(s) in "
+                           f"{time.monotonic() - t0:.1f} s")
+        return True
+
+    def _log_line(self, line: str) -> None:
+        self.log.emit(Logs(lines=({"rank": 0, "stream": "log", "time": time.time(),
+                                   "line": line},)))
+
+    def _start_uploads(self, saved: list[dict[str, Any]]) -> None:
+        if self._uploads is None or self._gang is None:
+            return
+        hosts = self._gang.host_workers()
+        for info in saved:
+            self._uploads.start(int(info["step"]), info, hosts)
+
+    def _poll_uploads(self, *, end_within_s: float | None = None) -> None:
+        """Checkpoints now complete in the store, reported; with `end_within_s`, the open
+        uploads are waited for that long first (the attempt is ending)."""
+        if self._uploads is None or self._gang is None:
+            return
+        cut_off = self._gang.cut_off_hosts
+        saved, messages = (self._uploads.poll(cut_off=cut_off) if end_within_s is None else
+                           self._uploads.finish(timeout_s=end_within_s, cut_off=cut_off))
+        if saved:
+            self.log.emit(Checkpoints(saved=tuple(saved)))
+        for line in messages:
+            self._log_line(line)
+
     def _seed_checkpoint(self) -> bool:
         """The first attempt of a job that starts from another job's checkpoint copies it in
-        (runtime/checkpoint_seed.py); False when that failed (the attempt ended)."""
+        (runtime/checkpoint_seed.py; with a checkpoint store, within the store); False when
+        that failed (the attempt ended)."""
         if self.config.attempt != 1 or self.config.spec.checkpoint.resume_from is None:
             return True
+        if self.config.object_storage is not None:
+            return self._seed_in_store(self.config.object_storage)
         try:
             cfg = self.config
             source = cfg.spec.checkpoint.resume_from.job  # type: ignore[union-attr]
@@ -277,6 +345,23 @@ class AttemptController:
                                        f"of step {resume.step} ({copied} files copied)"},)))
         return True
 
+    def _seed_in_store(self, storage: ObjectStorage) -> bool:
+        cfg = self.config
+        resume = cfg.spec.checkpoint.resume_from
+        assert resume is not None
+        try:
+            if resume.step in storage.complete_steps(cfg.job_id):
+                return True  # copied by an earlier try of this attempt
+            copied = storage.copy_step(resume.job, resume.step, cfg.job_id)
+        except (StorageError, OSError, ValueError) as exc:
+            self._finish(Failed(reason=Reason.SETUP_ERROR, blame=Blame.USER, message=(
+                f"checkpoint.resume_from: {exc}; choose a kept one from GET /v1/jobs/"
+                f"{resume.job}/checkpoints")))
+            return False
+        self._log_line(f"INFO started from {resume.job}'s checkpoint of step {resume.step} "
+                       f"({copied} files copied in {storage.uri})")
+        return True
+
     def _wait_for_placement(self) -> bool:
         end = wait_for_placement(self.config, cancel=self._cancel, tick_s=_TICK_S)
         if isinstance(end, Placed):
@@ -293,6 +378,7 @@ class AttemptController:
             finished = gang.wait(timeout_s=_TICK_S)
             drained = gang.drain()
             self._forward(drained)
+            self._poll_uploads()
             if self._user_code and not started and gang.all_beating():
                 started = True
                 self.log.emit(ProcessesStarted(pids=gang.pids()))
@@ -307,6 +393,7 @@ class AttemptController:
                 else:  # the ranks' own grace, and time to report how they ended
                     gang.stop_all(grace_s=preempt + grace, rank_grace_s=preempt)
                 self._forward(gang.drain())
+                self._poll_uploads(end_within_s=_END_UPLOADS_S)
                 gang.kill()
                 self._finish(Cancelled(message="workers stopped on request" if preempt is None
                                        else "workers stopped for preemption"))
@@ -321,6 +408,7 @@ class AttemptController:
                 gang.stop_all(grace_s=max(grace, 3.0))
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
+                self._poll_uploads(end_within_s=_END_UPLOADS_S)
                 gang.kill()
                 self._set_rank_states(rank_end_states(failures, gang.ranks))
                 self._finish(replace(failed_outcome(self.config, failures,
@@ -329,11 +417,13 @@ class AttemptController:
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())
+                self._poll_uploads(end_within_s=_FINAL_UPLOADS_S)
                 gang.kill(succeeded=True)
                 self._finish(Succeeded())
                 return
             act = watch.tick(gang, drained)
             if act is not None:  # watchdog.action restart | fail: the hung workers are killed
+                self._poll_uploads(end_within_s=_END_UPLOADS_S)
                 gang.kill()
                 self._finish(replace(act, unreachable_nodes=gang.unreachable_nodes()))
                 return
@@ -344,13 +434,18 @@ class AttemptController:
                 if self._checkpoints is not None else []
             self.log.emit(Metrics(rows=drained.metrics))
             if completed and self._checkpoints is not None:
-                self.log.emit(Checkpoints(saved=tuple(self._checkpoints.saved_info(step)
-                                                      for step in completed)))
+                saved = [self._checkpoints.saved_info(step) for step in completed]
+                if self._uploads is not None:
+                    self._start_uploads(saved)
+                else:
+                    self.log.emit(Checkpoints(saved=tuple(saved)))
         if drained.logs:
             self.log.emit(Logs(lines=drained.logs))
         if drained.usage:
             self.log.emit(Usage(rows=drained.usage))
-        if drained.checkpoints:
+        if drained.checkpoints and self._uploads is not None:
+            self._start_uploads(list(drained.checkpoints))
+        elif drained.checkpoints:
             self.log.emit(Checkpoints(saved=drained.checkpoints))
         for gap in drained.gaps:
             self.log.emit(LinkGap(**gap))

@@ -39,6 +39,7 @@ from orchestrator.placement.gang_plan import Bundle
 from orchestrator.placement.links import LinkFigures
 from orchestrator.runtime.failures import Blame, FailureGroup
 from orchestrator.spec import JobSpec, WatchdogAction
+from orchestrator.storage.object_storage import ObjectStorage
 from orchestrator.topology.model import ClusterTopology
 from orchestrator.watchdog.report import DiagnosisReport
 
@@ -138,6 +139,10 @@ class AttemptConfig:
     # The job's checkpoint folder on the cluster's shared checkpoint storage, which every host
     # mounts; None: `<run_dir>/checkpoints`, on the disk of the host each rank runs on.
     checkpoint_dir: str | None = None
+    # The cluster's checkpoint store (runtime/object_storage.py, with its keys): the hosts
+    # upload the job's checkpoints there and download the newest before ranks start; the
+    # ranks keep them under `<run_dir>/checkpoints`. None: no store.
+    object_storage: ObjectStorage | None = None
 
     @property
     def checkpoint_root(self) -> str:

@@ -339,6 +339,22 @@ class WorkerGang:
         return tuple(sorted({str(self.ranks[r].node_id) for r in ranks
                              if r in self.ranks and self.ranks[r].node_id}))
 
+    def host_workers(self) -> dict[str, Any]:
+        """One worker actor per host address among the live ranks (the lowest rank's): the
+        hosts' disks, which the simulated nodes of one machine share."""
+        out: dict[str, Any] = {}
+        for r in sorted(self.workers):
+            ip = self.ranks[r].ip if r in self.ranks else None
+            if ip and r not in self._dead and ip not in out:
+                out[ip] = self.workers[r]
+        return out
+
+    def cut_off_hosts(self) -> set[str]:
+        """Addresses of the hosts with a rank unreachable or cut off now (a dead actor's
+        calls end with its death)."""
+        ranks = self.unreachable | self.cut_off()
+        return {str(self.ranks[r].ip) for r in ranks if r in self.ranks and self.ranks[r].ip}
+
     def cut_off(self) -> set[int]:
         """Live ranks whose worker has answered no poll for CUT_OFF_S while a peer answered."""
         return {r for r in self.workers if r not in self._dead and self.silent_s(r) >= CUT_OFF_S}

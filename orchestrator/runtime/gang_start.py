@@ -165,7 +165,8 @@ class GangStart:
         out: dict[int, RankAssignment] = {}
         links = self.preflight_links()
         refused = host_local_checkpoints(
-            enabled=True, shared=cfg.checkpoint_dir is not None, root=cfg.checkpoint_root,
+            enabled=True, shared=cfg.checkpoint_dir is not None or cfg.object_storage is not None,
+            root=cfg.checkpoint_root,
             ips={r: s.ip for r, s in self.ranks.items()}, user_code=True) \
             if cfg.spec.kind is SpecKind.USER_CODE else None
         for r in self.workers:
@@ -181,6 +182,7 @@ class GangStart:
                 visible_gpus=self._visible.get(self._bundle_of[r]),
                 confinement=cfg.confinement, checkpoint_dir=cfg.checkpoint_dir,
                 checkpoints_refused=refused,
+                checkpoint_store=cfg.object_storage.uri if cfg.object_storage else None,
                 package_uri=cfg.package_uri if self._bundle_of[r] in self._pooled_bundles
                 else None,
                 dist=DistEnv(rank=r, local_rank=peers.index(r), world_size=world,

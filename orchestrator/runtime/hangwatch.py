@@ -33,6 +33,7 @@ from orchestrator.runtime.node_evidence import (
 )
 from orchestrator.spec import SpecKind, WatchdogAction
 from orchestrator.watchdog.evidence_files import stamp_now
+from orchestrator.watchdog.exits import first_line
 from orchestrator.watchdog.hardware import with_driver_errors
 from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.locate import rank_locations
@@ -110,7 +111,7 @@ class AttemptWatchdog:
                 dead = died
                 times = {r: failed[r].time for r in died}
             else:
-                dead = {r: f"{f.error_type}: {f.message[:300]}" for r, f in failed.items()}
+                dead = {r: f"{f.error_type}: {first_line(f.message)}" for r, f in failed.items()}
                 times = {r: f.time for r, f in failed.items()}
             report = self._round(gang, trigger="stall", dead=dead, exit_times=times,
                                  context=f"{len(failed)} rank(s) ended while "
@@ -175,7 +176,7 @@ class AttemptWatchdog:
             if early:
                 dead, exit_times = early
             elif failed:
-                dead = {r: f"{f.error_type}: {f.message[:300]}" for r, f in failed.items()}
+                dead = {r: f"{f.error_type}: {first_line(f.message)}" for r, f in failed.items()}
                 exit_times = {r: f.time for r, f in failed.items()}
         secrets = self._secrets
         dead = {r: mask_secrets(info, secrets) for r, info in dead.items()}

@@ -25,6 +25,7 @@ from orchestrator.runtime.events import AttemptConfig, controller_name, pg_name
 from orchestrator.runtime.packages import ensure_in_ray
 from orchestrator.runtime.spares import SpareControllers
 from orchestrator.spec import JobSpec
+from orchestrator.storage.object_storage import ObjectStorage
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 from orchestrator.topology.model import ClusterTopology
@@ -39,7 +40,8 @@ class AttemptLauncher:
                  figures: Callable[[], LinkFigures | None], allow_fault_injection: bool,
                  packages_dir: Path | None, spares: SpareControllers | None,
                  confinement: JobConfinement | None,
-                 checkpoint_storage: Path | None = None) -> None:
+                 checkpoint_storage: Path | None = None,
+                 object_storage: ObjectStorage | None = None) -> None:
         self.store = store
         self.runs_dir = runs_dir
         self.launching = launching  # jobs being launched now (the poller leaves them alone)
@@ -56,6 +58,8 @@ class AttemptLauncher:
         # The cluster's shared checkpoint storage (Settings.checkpoint_storage); None: each
         # job's checkpoints stay under its run dir.
         self.checkpoint_storage = checkpoint_storage
+        # The cluster's checkpoint store (Settings.checkpoint_uri); None: none.
+        self.object_storage = object_storage
 
     def try_launch(self, job: JobRecord, spec: JobSpec, plan: GangPlan,
                     snap: ClusterSnapshot, *, package_uri: str | None) -> bool:
@@ -131,4 +135,5 @@ class AttemptLauncher:
             link_figures=self.figures(), confinement=self.confinement,
             checkpoint_dir=str(checkpoint_root(job.id, runs_dir=self.runs_dir,
                                                storage=self.checkpoint_storage))
-            if self.checkpoint_storage is not None else None)
+            if self.checkpoint_storage is not None else None,
+            object_storage=self.object_storage)

@@ -87,6 +87,7 @@ from orchestrator.scheduling.reservation import (
     release_time,
 )
 from orchestrator.spec import JobSpec
+from orchestrator.storage.object_storage import ObjectStorage
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 from orchestrator.topology.model import ClusterTopology
@@ -115,7 +116,8 @@ class Scheduler:
                  spares: SpareControllers | None = None,
                  confinement: JobConfinement | None = None, preemption: bool = True,
                  preempt_min_run_s: float = MIN_RUN_S,
-                 checkpoint_storage: Path | None = None) -> None:
+                 checkpoint_storage: Path | None = None,
+                 object_storage: ObjectStorage | None = None) -> None:
         self.store = store
         self.health_policy = health_policy or HealthPolicy()
         self._quota_for = quota_for or (lambda owner: Quota())
@@ -141,7 +143,7 @@ class Scheduler:
             near_node_id=near_node_id, use_pool=use_pool, usage_interval_s=usage_interval_s,
             figures=self._figures, allow_fault_injection=allow_fault_injection,
             packages_dir=packages_dir, spares=spares, confinement=confinement,
-            checkpoint_storage=checkpoint_storage)
+            checkpoint_storage=checkpoint_storage, object_storage=object_storage)
 
     # -- the cluster now ------------------------------------------------------------------
     def snapshot(self, held: Sequence[tuple[Any, Sequence[GpuHold]]] | None = None

@@ -282,6 +282,9 @@ class Runtime:
             raise RuntimeError(f"the checkpoint storage {storage} is not a directory: mount it "
                                "at this path on every host (and here), or unset "
                                "MESHYARD_CHECKPOINT_STORAGE / --checkpoint-storage")
+        object_storage = self.settings.object_storage()
+        if object_storage is not None:
+            object_storage.check()
         confinement = self._check_isolation()  # forks a test child: before Ray's threads
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
@@ -299,7 +302,8 @@ class Runtime:
                                    confinement=confinement,
                                    preemption=self.settings.preemption,
                                    preempt_min_run_s=self.settings.preempt_min_run_s,
-                                   checkpoint_storage=self.settings.checkpoint_storage)
+                                   checkpoint_storage=self.settings.checkpoint_storage,
+                                   object_storage=object_storage)
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
                         confinement=confinement, near_node_id=near)

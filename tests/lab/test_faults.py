@@ -1,6 +1,7 @@
 """Faults injected mid-training on the lab: a 2-rank built-in job across two of three Ray hosts,
-the control plane (`meshyard serve`) on a fourth host without Ray resources, its checkpoint
-storage the lab's shared storage (every host mounts it at one path, as NFS on a real cluster).
+the control plane (`meshyard serve`) on a fourth host without Ray resources, its checkpoints
+on the lab's object store (an S3-compatible server on that host; each Ray host keeps its
+ranks' files on its own private disk and uploads them).
 Each test leaves the lab as it found it (a killed host's Ray is started again, a pulled link is
 put back).
 
@@ -12,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -46,8 +46,9 @@ def _resumed_elsewhere(w: Watch, victim: str) -> None:
 
 def test_host_crash_is_diagnosed_naming_the_host_and_the_job_resumes_elsewhere(
         lab: labmod.Lab):
-    """The job checkpoints to the shared storage; attempt 2, on other hosts, resumes from the
-    newest complete checkpoint there, and retraces attempt 1's steps after it exactly."""
+    """The job checkpoints to the object store, each host uploading its rank's part; attempt 2,
+    on other hosts, resumes from the newest checkpoint complete there (downloaded to its hosts'
+    own disks), and retraces attempt 1's steps after it exactly."""
     w = Watch(lab, "watch-crash.log", CHECKPOINTED)
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 25), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
@@ -60,21 +61,22 @@ def test_host_crash_is_diagnosed_naming_the_host_and_the_job_resumes_elsewhere(
         assert "unreachable" in stored["message"]
         assert node_state(w, victim.name) in ("suspect", "cordoned")
         _resumed_elsewhere(w, victim.name)
-        _resumed_from_shared_storage(w)
+        _resumed_from_the_store(lab, w)
     finally:
         lab.start_ray(victim)  # the host comes back, as a rebooted machine does
         lab.wait_nodes(4)
 
 
-def _resumed_from_shared_storage(w: Watch) -> None:
+def _resumed_from_the_store(lab: labmod.Lab, w: Watch) -> None:
     saved = w.client("[c.model_dump(mode='json') for c in c.checkpoints(JOB).items]")
     first = [c for c in saved if c["attempt"] == 1]
     assert first, saved
     newest = max(first, key=lambda c: c["step"])
-    folder = Path(newest["path"])
-    assert folder.parent == Path(labmod.STORAGE_DIR) / w.job, newest
-    if not newest["removed"]:  # written by both hosts' ranks, seen from a third place
-        names = {p.relative_to(folder).as_posix() for p in folder.rglob("*")}
+    uri = labjobs.store_env(lab)["MESHYARD_CHECKPOINT_URI"]
+    assert newest["path"] == f"{uri}/{w.job}/step_{newest['step']:08d}", newest
+    if not newest["removed"]:  # each host uploaded its own rank's part
+        prefix = f"step_{newest['step']:08d}/"
+        names = {k[len(prefix):] for k in labjobs.store_keys(lab, w.job) if k.startswith(prefix)}
         assert {"COMPLETE", ".metadata", "rng/rank_0.pt", "rng/rank_1.pt"} <= names, names
     rows = w.client("[[m.attempt, m.step, m.loss] for m in c.metrics(JOB, rank=0).items]")
     second = {step: loss for attempt, step, loss in rows if attempt == 2}
@@ -149,30 +151,35 @@ def test_control_plane_killed_and_restarted_on_its_host_loses_nothing_and_the_jo
     assert len(steps) >= at_kill + 40
 
 
-def test_full_checkpoint_storage_fails_the_save_naming_host_and_path_and_nothing_half_saved_is_resumed(
+def test_full_run_dir_disk_fails_the_save_naming_host_and_path_and_nothing_half_saved_is_resumed(
         lab: labmod.Lab):
-    """The shared checkpoint storage fills up mid-training: the next save fails naming the
-    step, the host, the path and "No space left on device"; its folder never gets a marker;
-    once space is back the restarted attempt resumes from the newest complete checkpoint."""
+    """Rank 1's host's own disk (its run dirs, where the rank writes its part of each
+    checkpoint) fills up mid-training: the next save fails naming the step, the host, the
+    path and "No space left on device"; that step never gets a marker in the store; once
+    space is back the restarted attempt resumes from the newest checkpoint complete there."""
     w = Watch(lab, "watch-disk.log", CHECKPOINTED)
-    w.wait("attempt 1 training", lambda w: training(w, 1, 12), timeout=300)
-    folder = Path(labmod.STORAGE_DIR) / w.job
-    filled = lab.fill_disk(lab.head, labmod.STORAGE_DIR)
+    ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 12), timeout=300)
+    victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
+    uri = labjobs.store_env(lab)["MESHYARD_CHECKPOINT_URI"]
+    filled = lab.fill_disk(victim, labmod.RUN_DIR)
     try:
         stored = w.wait("the failed save", lambda w: next(
             (e for e in w.events() if "was not saved" in e["message"]), None), timeout=180)
         print(f"full disk: {filled} bytes filled; stored: {stored['message'][:400]}")
         text = stored["message"]
-        assert "No space left on device" in text and f"{folder}/step_" in text, text
-        assert " was not saved on myl-h" in text, text
+        folder = f"{labmod.RUN_DIR}/meshyard/runs/{w.job}/checkpoints/step_"
+        assert "No space left on device" in text and folder in text, text
+        assert f" was not saved on {victim.name}" in text, text
+        assert f"a restart resumes from the newest checkpoint complete in {uri}" in text, text
         unsaved = int(text.split("the checkpoint of step ", 1)[1].split()[0])
-        assert not (folder / f"step_{unsaved:08d}" / "COMPLETE").exists()
-        kept = sorted(int(p.parent.name[5:]) for p in folder.glob("step_*/COMPLETE"))
-        assert kept and kept[-1] < unsaved, (kept, unsaved)
-        assert f"a restart resumes from step {kept[-1]}" in text
     finally:
-        lab.free_disk(lab.head, labmod.STORAGE_DIR)
-    w.wait("attempt 2 training", lambda w: training(w, 2, kept[-1] + 3), timeout=300)
+        lab.free_disk(victim, labmod.RUN_DIR)
+    w.wait("attempt 2 training", lambda w: training(w, 2, 3), timeout=300)
+    # What attempt 1 made complete in the store: its checkpoints in the job's list (attempt 2
+    # trains fast and saves, and may save the same step number again, in its own name)
+    saved = w.client("[[c.attempt, c.step] for c in c.checkpoints(JOB).items]")
+    kept = sorted(step for attempt, step in saved if attempt == 1)
+    assert kept and kept[-1] < unsaved and unsaved not in kept, (saved, unsaved)
     rows = w.client("[[m.attempt, m.step] for m in c.metrics(JOB, rank=0).items]")
     assert min(step for attempt, step in rows if attempt == 2) == kept[-1] + 1
     w.cancel()

@@ -42,7 +42,7 @@ WORKERS_MAY_IMPORT = (
     "orchestrator.planner.calibration.fit",
     "orchestrator.usercode.entrypoint", "orchestrator.isolation.worker_env", "orchestrator.bounds.limits",
     "orchestrator.usercode.packages", "orchestrator.preflight.verdict", "orchestrator.isolation.runfiles",
-    "orchestrator.isolation.modes",
+    "orchestrator.isolation.modes", "orchestrator.storage.object_storage",
 )
 
 SCRIPT = """

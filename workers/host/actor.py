@@ -39,6 +39,7 @@ import ray
 from orchestrator.isolation.modes import JobConfinement
 from orchestrator.isolation.worker_env import allowlisted
 from orchestrator.spec import SpecKind
+from orchestrator.storage.object_storage import ObjectStorage
 from workers.host.assignment import (
     RankAssignment,
     RankBeat,
@@ -100,9 +101,12 @@ class _Buffer:
 
     def close(self) -> None:
         with self._lock:
-            if self._metrics_out is not None:
-                self._metrics_out.close()
-                self._metrics_out = None
+            out, self._metrics_out = self._metrics_out, None
+            if out is not None:
+                # its last buffered line may not fit on a full disk: the rank's result, not
+                # this file, is what the run call must return
+                with contextlib.suppress(OSError):
+                    out.close()
 
     def log(self, stream: str, line: str) -> None:
         with self._lock:
@@ -153,7 +157,7 @@ class _ActorCallbacks:
             f.write(f"{time.strftime('%H:%M:%S')} {level} {message}\n")
 
 
-@ray.remote(concurrency_groups={"control": 2, "diag": 1})  # type: ignore[call-overload]
+@ray.remote(concurrency_groups={"control": 2, "diag": 1, "storage": 1})  # type: ignore[call-overload]
 class WorkerActor:
     """One rank. Ray restarts nothing here: a dead actor is a failed attempt."""
 
@@ -306,6 +310,7 @@ class WorkerActor:
             callbacks = _ActorCallbacks(self._buf, a.log_path("log"))
             result = run_training(a.spec, out_dir=a.run_dir, callbacks=callbacks,
                                   checkpoint_dir=a.checkpoint_root,
+                                  checkpoint_store=a.checkpoint_store,
                                   stop_event=self._stop, attempt=a.attempt,
                                   preflight_links=a.preflight_links)
             self._state = WorkerState.STOPPED if self._stop.is_set() else WorkerState.COMPLETED
@@ -353,6 +358,22 @@ class WorkerActor:
         """Ends the run: the built-in loop after its next step (with a checkpoint), a
         user-code rank by SIGTERM, then SIGKILL after `grace_s` (default 3 s)."""
         self._stop.request(grace_s)
+
+    @ray.method(concurrency_group="storage")  # type: ignore[arg-type]
+    def upload_checkpoint(self, storage: ObjectStorage, *, job_id: str, run_dir: str, step: int,
+                          keep: int) -> dict[str, Any]:
+        """This host's part of a complete checkpoint, to the store (checkpoint_transfer.py)."""
+        from workers.host.checkpoint_transfer import upload_step
+
+        return upload_step(storage, job_id=job_id, run_dir=run_dir, step=step, keep=keep)
+
+    @ray.method(concurrency_group="storage")  # type: ignore[arg-type]
+    def restore_checkpoint(self, storage: ObjectStorage, *, job_id: str, run_dir: str,
+                           step: int | None) -> dict[str, Any]:
+        """The job's checkpoint folder on this host: emptied, then the store's `step`."""
+        from workers.host.checkpoint_transfer import restore_step
+
+        return restore_step(storage, job_id=job_id, run_dir=run_dir, step=step)
 
     @ray.method(concurrency_group="control")
     def ping(self) -> str:

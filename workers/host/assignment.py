@@ -104,6 +104,9 @@ class RankAssignment:
     # User code whose ranks landed on several hosts with checkpoints on host-local disks: why
     # a reported checkpoint cannot be kept (runtime/checkpoint_storage.py); None: it can.
     checkpoints_refused: str | None = None
+    # The cluster's checkpoint store's address (s3://...; no keys: the ranks never reach it):
+    # a restart resumes from what is complete there. None: no store.
+    checkpoint_store: str | None = None
 
     @property
     def runs_user_preflight(self) -> bool:

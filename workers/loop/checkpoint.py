@@ -102,7 +102,8 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint was not saved; the message names the step, host, path and cause."""
 
 
-def _save_error(exc: BaseException, *, step: int, root: Path, rank: int) -> CheckpointSaveError:
+def _save_error(exc: BaseException, *, step: int, root: Path, rank: int,
+                store_uri: str | None = None) -> CheckpointSaveError:
     cause = exc
     if isinstance(exc, CheckpointException) and exc.failures:  # every rank's, gathered
         cause = exc.failures.get(rank, next(iter(exc.failures.values())))[0]
@@ -117,8 +118,12 @@ def _save_error(exc: BaseException, *, step: int, root: Path, rank: int) -> Chec
         # torch's own writer reports a full disk as a failed write at some position
         text = f"{os.strerror(errno.ENOSPC)}: {free} bytes free there ({text})"
     newest = complete_steps(root)
-    after = (f"a restart resumes from step {newest[-1]}, the newest complete checkpoint"
-             if newest else "no complete checkpoint is kept: a restart starts from step 0")
+    if store_uri is not None:  # this host's disk is a copy: the store says what is complete
+        after = f"a restart resumes from the newest checkpoint complete in {store_uri}"
+    elif newest:
+        after = f"a restart resumes from step {newest[-1]}, the newest complete checkpoint"
+    else:
+        after = "no complete checkpoint is kept: a restart starts from step 0"
     return CheckpointSaveError(f"the checkpoint of step {step} was not saved on "
                                f"{socket.gethostname()}: {text} ({where}); {after}")
 
@@ -134,12 +139,15 @@ def _size_bytes(path: Path) -> int:
 
 class Checkpointer:
     """`on_saved(info)` is called on rank 0 when a checkpoint is complete: step, path,
-    size_bytes, time and `kept` (the steps still on disk after pruning)."""
+    size_bytes, time and `kept` (the steps still on disk after pruning). `store_uri`: the
+    cluster's checkpoint store, which a failed save's message names."""
 
     def __init__(self, spec: JobSpec, *, root: str | Path, parts: list[nn.Module],
                  optimizer: torch.optim.Optimizer, rank: int,
-                 on_saved: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_saved: Callable[[dict[str, Any]], None] | None = None,
+                 store_uri: str | None = None) -> None:
         self._cfg = spec.checkpoint
+        self._store_uri = store_uri
         self._root = Path(root)
         if len(parts) != 1:
             # Pipeline ranks with several chunks expose one StageUnion module (full-model FQNs).
@@ -196,7 +204,8 @@ class Checkpointer:
         try:
             self._save(step)
         except (OSError, RuntimeError, CheckpointException) as exc:
-            raise _save_error(exc, step=step, root=self._root, rank=self._rank) from None
+            raise _save_error(exc, step=step, root=self._root, rank=self._rank,
+                              store_uri=self._store_uri) from None
 
     def _save(self, step: int) -> None:
         path = _step_dir(self._root, step)
@@ -232,7 +241,8 @@ class Checkpointer:
             fut.result()
             self._finish(step)
         except (OSError, RuntimeError, CheckpointException) as exc:
-            raise _save_error(exc, step=step, root=self._root, rank=self._rank) from None
+            raise _save_error(exc, step=step, root=self._root, rank=self._rank,
+                              store_uri=self._store_uri) from None
 
     def _finish(self, step: int) -> None:
         # Every rank's files must be written before the marker says "complete".

@@ -95,6 +95,7 @@ def run_training(
     reference: bool = False,
     attempt: int = 1,
     checkpoint_dir: str | Path | None = None,
+    checkpoint_store: str | None = None,
     heartbeat_interval_s: float = 1.0,
     preflight_links: Mapping[str, Mapping[str, ExpectedLink]] | None = None,
 ) -> TrainingResult:
@@ -105,7 +106,9 @@ def run_training(
     in this one process without any parallelism (the parity baseline). The default process
     group is created from ``dist_env`` (default: torchrun variables) unless it already exists;
     a group created here is destroyed on return. Checkpoints go to ``checkpoint_dir``
-    (default ``out_dir/checkpoints``) and training resumes from the newest complete one there.
+    (default ``out_dir/checkpoints``) and training resumes from the newest complete one there;
+    ``checkpoint_store``, the cluster's checkpoint store that meshyard's host processes copy
+    them to and from, is named in a failed save's message.
     Heartbeats go to ``callbacks.on_heartbeat`` every ``heartbeat_interval_s`` (0 disables).
     ``preflight_links``: the pre-flight check's expected figures for this rank's links, per
     backend.
@@ -135,7 +138,8 @@ def run_training(
                      preflight_links=preflight_links or {})
         ckpt = Checkpointer(spec, root=checkpoint_dir or Path(out_dir) / "checkpoints",
                             parts=run.runner.model_parts, optimizer=run.optimizer,
-                            rank=env.rank, on_saved=lambda info: report_checkpoint(cbs, info))
+                            rank=env.rank, on_saved=lambda info: report_checkpoint(cbs, info),
+                            store_uri=checkpoint_store)
         progress.background_groups = ckpt.background_groups
         result = _train(run, ckpt=ckpt, total=total, stop_event=stop_event)
         progress.enter(Phase.DONE)

@@ -131,3 +131,7 @@ def runtime(settings: Settings, store: Store) -> Iterator[Any]:
         yield rt
     finally:
         rt.stop()
+
+
+# A real S3-compatible server per module that asks for it (tests/support/s3.py).
+from tests.support.s3 import s3, storage  # noqa: E402, F401
