@@ -21,10 +21,12 @@ Goal (issue): the right verdict and host for every kind, fault -> next step unde
 
 Kinds: host_crash (every process of the host killed -9), partition (its link down),
 full_disk (rank 1's host's run-dir disk, where it writes its checkpoint part, filled to 100 %),
-control_plane (`meshyard serve`
-killed -9 and started again on its host), flapping_link (link down 5 s, then up), slow_link
-(the host's link shaped to 4 Mbit/s for 60 s, then a new job placed while it still is: does
-the pre-flight check refuse the host?). Needs root and iproute2 (deploy/lab/README.md).
+control_plane (`meshyard serve` killed -9 and started again on its host), flapping_link (link
+down 5 s, then up), slow_link (the host's link shaped to 4 Mbit/s for 60 s: is it named as the
+slow end? then a new job placed while it still is: is the host kept out?), slow_preflight
+(rank 0's host shaped while no job runs, a new job placed: does its failed pre-flight check
+name that host, not the sender of the slow p2p, and does the next attempt avoid it?). Needs
+root and iproute2 (deploy/lab/README.md).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from deploy.lab import lab as labmod  # noqa: E402
 from deploy.lab.jobs import CHECKPOINTED, Watch, node_state, training  # noqa: E402
 from orchestrator.lifecycle import FAILURE_REASONS  # noqa: E402
 
-KINDS = ("host_crash", "partition", "full_disk", "control_plane", "flapping_link", "slow_link")
+KINDS = ("host_crash", "partition", "full_disk", "control_plane", "flapping_link", "slow_link",
+         "slow_preflight")
 FAULT_AFTER_STEP = 25
 FAILURES = {r.value for r in FAILURE_REASONS}
 
@@ -71,11 +74,12 @@ def _at(event: dict[str, Any]) -> float:
 
 def _explains(event: dict[str, Any], kind: str) -> bool:
     """An event that reports the fault: a failure, a hang or crash diagnosis, a failed save,
-    a link gap, a straggler report for a slow link. The control plane's own restart has none."""
+    a link gap, a slow link or a straggler report for a slow link. The control plane's own
+    restart has none."""
     msg = event["message"]
     if kind == "control_plane":
         return False
-    return (event["reason"] in FAILURES or event["reason"] == "LINK_GAP"
+    return (event["reason"] in FAILURES or event["reason"] in ("LINK_GAP", "SLOW_LINK")
             or (msg.startswith("diagnosis") and ("straggler" not in msg or kind == "slow_link"))
             or "was not saved" in msg)
 
@@ -129,7 +133,25 @@ def _next_step_s(w: Watch, t0: float, attempt: int) -> float | None:
     return round(first["t"] - t0, 1)
 
 
+def run_slow_preflight(lab: labmod.Lab) -> dict[str, Any]:
+    """Rank 0's host of a job (the receiver of the pre-flight check's p2p 1->0, which blames
+    its sender) gets the slow link while no job runs; then a new job is placed: does the
+    pre-flight check's measurement name that host, and does the next attempt avoid it?"""
+    w = Watch(lab, "chaos-slow-preflight.log", CHECKPOINTED)
+    ranks = w.wait("a job training", lambda w: training(w, 1, 3), timeout=300)
+    victim = lab.host(next(r[1] for r in ranks if r[0] == 0))
+    w.cancel()
+    lab.slow_link(victim, "4mbit")
+    try:
+        return {"kind": "slow_preflight", "host": victim.name,
+                "next_job": _placed_while_slow(lab, victim, log="chaos-slow-preflight-next.log")}
+    finally:
+        _restore(lab, "slow_link", victim)
+
+
 def run_kind(lab: labmod.Lab, kind: str) -> dict[str, Any]:
+    if kind == "slow_preflight":
+        return run_slow_preflight(lab)
     w = Watch(lab, f"chaos-{kind}.log", CHECKPOINTED)
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, FAULT_AFTER_STEP),
                    timeout=300)
@@ -182,16 +204,17 @@ def run_kind(lab: labmod.Lab, kind: str) -> dict[str, Any]:
     return out
 
 
-def _placed_while_slow(lab: labmod.Lab, victim: labmod.Host) -> dict[str, Any]:
+def _placed_while_slow(lab: labmod.Lab, victim: labmod.Host, *,
+                       log: str = "chaos-slow-next.log") -> dict[str, Any]:
     """A new job while the victim's link is slow: does the pre-flight check refuse it?"""
-    w = Watch(lab, "chaos-slow-next.log", CHECKPOINTED)
+    w = Watch(lab, log, CHECKPOINTED)
     t0 = time.time()
     try:
         ranks = w.wait("the next job training or ended", lambda w: w.ended() or (training(
             w, w.states()[-1]["attempt"] or 1, 3) if w.states() else None), timeout=300)
         pre = [e for e in w.events() if e["reason"] == "PREFLIGHT_FAILED"
                and e["kind"] == "error"]
-        out = {"preflight_failed": [e["message"][:240] for e in pre],
+        out = {"preflight_failed": [e["message"][:1500] for e in pre],
                "victim_named": any(victim.name in e["message"] for e in pre),
                "ended": w.ended()}
         if isinstance(ranks, list):

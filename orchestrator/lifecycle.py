@@ -73,6 +73,7 @@ class Reason(StrEnum):
     METRICS_DROPPED = "METRICS_DROPPED"  # reported metric names refused (metric_values.py)
     PREEMPTED = "PREEMPTED"  # stopped for a higher-priority job (data: preempted_by), requeued
     LINK_GAP = "LINK_GAP"  # a rank's host answered nothing for seconds, then again (data: node)
+    SLOW_LINK = "SLOW_LINK"  # the gang slowed together and one host's link is the slow end
     METRICS_UNRECOVERED = "METRICS_UNRECOVERED"  # a lost rank's file was on an unreachable host
 
 

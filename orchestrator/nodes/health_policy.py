@@ -269,6 +269,13 @@ def preflight_evidence(*, node: str, reason: str, job_id: str, at: float,
                     job_id=job_id, severity=Severity.CORDON if cordon else Severity.SUSPECT)
 
 
+def slow_link_evidence(*, node: str, reason: str, job_id: str, at: float) -> Evidence:
+    """A running gang's steps slowed and this node's link measured as the slow end: suspect
+    (the next placement's pre-flight check refuses it if it still is)."""
+    return Evidence(kind="slow_link", node=node, reason=f"slow link: {reason}", at=at,
+                    job_id=job_id, severity=Severity.SUSPECT)
+
+
 def by_node(evidence: Iterable[Evidence]) -> dict[str, list[Evidence]]:
     out: dict[str, list[Evidence]] = {}
     for e in evidence:

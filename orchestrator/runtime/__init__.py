@@ -9,6 +9,7 @@ imports ray (its pure parts -- events, policy, failures -- import no framework).
     hangwatch.py      the attempt's hang watchdog: evidence rounds, reports, actions
     node_evidence.py  nvidia-smi -q and Xid lines on each node of a diagnosis round
     checkpoint_uploads.py  checkpoints to and from the object store, host by host
+    link_probe.py     which host's link is slow, measured from the controller's node
     poller.py         controllers' events -> the store; applies the restart policy
     pool.py           warm worker actors reused across CPU jobs
     calibrate.py      `meshyard calibrate` as a Ray job

@@ -28,6 +28,7 @@ from orchestrator.runtime.events import (
     Placed,
     PlacementTimeout,
     ProcessesStarted,
+    SlowLink,
     Stacks,
     Succeeded,
     Usage,
@@ -36,7 +37,12 @@ from orchestrator.runtime.events import (
 )
 from orchestrator.runtime.failures import Blame
 from orchestrator.runtime.metrics_files import ingest_attempt_files
-from orchestrator.runtime.node_health import record_diagnosis, record_failure, record_preflight
+from orchestrator.runtime.node_health import (
+    record_diagnosis,
+    record_failure,
+    record_preflight,
+    record_slow_link,
+)
 from orchestrator.runtime.policy import AttemptFailure, Outcome, restart_decision
 from orchestrator.runtime.stack_requests import record_stacks
 from orchestrator.spec import WatchdogAction
@@ -103,6 +109,21 @@ class AttemptEvents:
                     "back, or its host was too busy to answer; training went on",
                     data={"attempt": n, "rank": rank, "node": node, "host": host,
                           "silent_s": silent})
+            case SlowLink(node=node, host=host, gbps=gbps, others_gbps=others, slower=slower,
+                          link=link):
+                message = (f"steps take {slower:g}x as long as this attempt's first ones and "
+                           f"no rank straggles: the link of {node} ({host}) is the slow end, "
+                           f"{gbps:.3g} GB/s measured from the control plane's node where the "
+                           f"gang's other hosts gave {others:.3g} GB/s ({link}); {node} is "
+                           "suspect, and the next placement's pre-flight check refuses it "
+                           "while it is slow")
+                self.store.add_event(
+                    job_id, kind=JobEventKind.WARNING, reason=Reason.SLOW_LINK.value,
+                    message=message, data={"attempt": n, "node": node, "host": host,
+                                           "gbps": gbps, "others_gbps": others,
+                                           "slower": slower, "link": link})
+                record_slow_link(self.store, node, message=message, job_id=job_id,
+                                 policy=self.health_policy)
             case WatchdogError(message=message):
                 log.warning("%s: hang watchdog error: %s", job_id, message)
             case Succeeded():

@@ -68,6 +68,7 @@ from orchestrator.runtime.events import (
 from orchestrator.runtime.failures import Blame, FailureGroup, rank_end_states
 from orchestrator.runtime.gang import Drained, WorkerGang
 from orchestrator.runtime.hangwatch import AttemptWatchdog
+from orchestrator.runtime.link_probe import locate_slow_end
 from orchestrator.runtime.user_checkpoints import ReportedCheckpoints
 from orchestrator.spec import SpecKind
 from orchestrator.storage.object_storage import ObjectStorage, StorageError
@@ -408,12 +409,14 @@ class AttemptController:
                 gang.stop_all(grace_s=max(grace, 3.0))
                 self._forward(gang.drain())
                 failures = gang.failures()  # fallout from other ranks joins the groups
+                outcome = failed_outcome(self.config, failures, cause=watch.open_report,
+                                         gang=gang)
+                if outcome.reason == Reason.PREFLIGHT_FAILED:  # which end of the slow link
+                    outcome = locate_slow_end(outcome, gang)
                 self._poll_uploads(end_within_s=_END_UPLOADS_S)
                 gang.kill()
                 self._set_rank_states(rank_end_states(failures, gang.ranks))
-                self._finish(replace(failed_outcome(self.config, failures,
-                                                    cause=watch.open_report, gang=gang),
-                                     unreachable_nodes=gang.unreachable_nodes()))
+                self._finish(replace(outcome, unreachable_nodes=gang.unreachable_nodes()))
                 return
             if finished and gang.all_done():
                 self._forward(gang.drain())

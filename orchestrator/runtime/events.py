@@ -226,6 +226,7 @@ class EventKind(StrEnum):
     DIAGNOSIS = "diagnosis"
     WATCHDOG_ERROR = "watchdog_error"
     LINK_GAP = "link_gap"
+    SLOW_LINK = "slow_link"
     SUCCEEDED = "succeeded"
     CANCELLED = "cancelled"
     PLACEMENT_TIMEOUT = "placement_timeout"
@@ -326,6 +327,22 @@ class LinkGap:
 
 
 @dataclass(frozen=True)
+class SlowLink:
+    """Steps took `slower` times as long as the attempt's first ones while no rank straggled,
+    and the link of host `host` (node `node`), measured from the control plane's node, gave
+    `gbps` where the gang's other hosts gave `others_gbps` (runtime/link_probe.py). `link`:
+    the class of the links between the gang's hosts (the pre-flight check's name)."""
+
+    KIND: ClassVar[EventKind] = EventKind.SLOW_LINK
+    node: str
+    host: str
+    gbps: float
+    others_gbps: float
+    slower: float
+    link: str
+
+
+@dataclass(frozen=True)
 class WatchdogError:
     KIND: ClassVar[EventKind] = EventKind.WATCHDOG_ERROR
     message: str
@@ -370,8 +387,8 @@ class Failed:
 
 
 Payload = (Placed | WorkersReady | FirstStep | ProcessesStarted | Metrics | Logs | Usage
-           | Checkpoints | Stacks | Diagnosis | LinkGap | WatchdogError | Succeeded | Cancelled
-           | PlacementTimeout | Failed)
+           | Checkpoints | Stacks | Diagnosis | LinkGap | SlowLink | WatchdogError | Succeeded
+           | Cancelled | PlacementTimeout | Failed)
 Terminal = Succeeded | Cancelled | PlacementTimeout | Failed
 
 

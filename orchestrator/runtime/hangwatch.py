@@ -26,6 +26,7 @@ from orchestrator.mesh import MeshShape
 from orchestrator.runtime.events import AttemptConfig, Diagnosis, Failed, Payload, WatchdogError
 from orchestrator.runtime.failures import RankFailure, mask_secrets
 from orchestrator.runtime.gang import Drained, WorkerGang
+from orchestrator.runtime.link_probe import measure_slow_links
 from orchestrator.runtime.node_evidence import (
     NodeEvidence,
     gather_announcements,
@@ -39,6 +40,7 @@ from orchestrator.watchdog.inputs import resolve_announcements
 from orchestrator.watchdog.locate import rank_locations
 from orchestrator.watchdog.monitor import Action, Due, HangMonitor
 from orchestrator.watchdog.report import DiagnosisReport, RankLocation, Verdict
+from orchestrator.watchdog.slowdown import SlowdownWatch
 
 _DIAG_TIMEOUT_S = 20.0  # the first Flight Recorder dump of a process can take seconds
 _READ_TIMEOUT_S = 5.0  # a live node's answer to a file read
@@ -64,6 +66,9 @@ class AttemptWatchdog:
         self._user_code = cfg.spec.kind is SpecKind.USER_CODE
         env = cfg.spec.entrypoint.env if cfg.spec.entrypoint is not None else None
         self._secrets = tuple(env.values()) if env else ()
+        # A gang that slows down together (a slow link under a data-parallel all-reduce):
+        # each host's link is measured then (runtime/link_probe.py).
+        self.slowdown = SlowdownWatch()
 
     # -- controller hooks -------------------------------------------------------------------
     def tick(self, gang: WorkerGang, drained: Drained) -> Failed | None:
@@ -80,6 +85,13 @@ class AttemptWatchdog:
                 return self._stall_round(gang, due)
             if self.monitor.probe_due(now):
                 self._probe(gang)
+            self.slowdown.observe((float(t) for row in drained.metrics
+                                   if isinstance(t := row.get("step_time_s"), int | float)),
+                                  now_s=now)
+            slower = self.slowdown.due(now_s=now)
+            if slower is not None:
+                for event in measure_slow_links(gang, slower=slower):
+                    self._emit(event)
         except Exception as exc:  # noqa: BLE001 - the watchdog never takes the attempt down
             self._error(exc)
         return None

@@ -27,6 +27,7 @@ from orchestrator.nodes.health_policy import (
     evidence_from_failure,
     health_view,
     preflight_evidence,
+    slow_link_evidence,
 )
 from orchestrator.store.repo import Store
 from orchestrator.watchdog.report import DiagnosisReport
@@ -103,6 +104,15 @@ def record_preflight(store: Store, nodes: Sequence[str], *, message: str, job_id
     evs = [preflight_evidence(node=n, reason=message, job_id=job_id, at=now,
                               cordon=len(nodes) == 1) for n in nodes]
     return record_evidence(store, evs, policy=policy, job_id=job_id, now=now) if evs else []
+
+
+def record_slow_link(store: Store, node: str, *, message: str, job_id: str,
+                     policy: HealthPolicy) -> list[NodeHealth]:
+    """A running gang's slow link, measured to this node: it is suspect."""
+    now = time.time()
+    return record_evidence(store, [slow_link_evidence(node=node, reason=message, job_id=job_id,
+                                                      at=now)], policy=policy, job_id=job_id,
+                           now=now)
 
 
 def current_view(store: Store, *, policy: HealthPolicy, now: float | None = None) -> HealthView:

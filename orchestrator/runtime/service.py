@@ -283,9 +283,9 @@ class Runtime:
                                "at this path on every host (and here), or unset "
                                "MESHYARD_CHECKPOINT_STORAGE / --checkpoint-storage")
         object_storage = self.settings.object_storage()
-        if object_storage is not None:
-            object_storage.check()
         confinement = self._check_isolation()  # forks a test child: before Ray's threads
+        if object_storage is not None:  # the store's client starts threads: after the fork
+            object_storage.check()
         self.owns_ray = connect_ray(self.settings.ray_address,
                                     local=LocalRay.for_settings(self.settings))
         near = ray.get_runtime_context().get_node_id()

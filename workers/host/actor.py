@@ -359,6 +359,14 @@ class WorkerActor:
         user-code rank by SIGTERM, then SIGKILL after `grace_s` (default 3 s)."""
         self._stop.request(grace_s)
 
+    @ray.method(concurrency_group="control")  # type: ignore[arg-type]
+    def send_probe(self, addr: str, port: int, tag: str, *, nbytes: int,
+                   seconds: float) -> int:
+        """Zeros to the controller's link-probe sink (orchestrator/runtime/link_probe.py)."""
+        from workers.host.link_probe import send_probe
+
+        return send_probe(addr, port, tag, nbytes=nbytes, seconds=seconds)
+
     @ray.method(concurrency_group="storage")  # type: ignore[arg-type]
     def upload_checkpoint(self, storage: ObjectStorage, *, job_id: str, run_dir: str, step: int,
                           keep: int) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""Which end of a slow link is the slow one, measured from the control plane's node.
+
+Asked in two cases: an attempt that failed its pre-flight check (`locate_slow_end`), and a
+running gang whose steps all slowed together with no rank straggling
+(`measure_slow_links`, orchestrator/watchdog/slowdown.py decides when), which stores a
+`SLOW_LINK` warning naming the host and the link class and makes the host suspect.
+
+A pre-flight check that finds a slow link between two hosts cannot tell which host's link is
+bad: a p2p test blames its sender, and a 2-host gang has one link. So when an attempt fails
+its pre-flight check, its controller (on the control plane's node, apart from the workers)
+opens a TCP sink and every host of the gang sends it zeros for up to PROBE_S
+(workers/host/link_probe.py); the sink times what arrives from each. A host whose rate is
+under SLOW_RATIO of the best one's is the slow end (`slow_ends`), and the next placement
+avoids it alone. When no host stands out, or all do (the control plane's own link), the
+pre-flight check's culprits stand. Only connections that present the probe's random tag are
+read; the sink lives for one probe.
+
+>>> slow_ends({"10.0.0.1": 0.95, "10.0.0.2": 0.0005})
+['10.0.0.2']
+>>> slow_ends({"10.0.0.1": 0.95, "10.0.0.2": 0.8}), slow_ends({"10.0.0.1": 0.9, "10.0.0.2": None})
+([], [])
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from orchestrator.runtime.events import Failed, SlowLink
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.gang import WorkerGang
+
+PROBE_BYTES = 16 << 20
+PROBE_S = 3.0
+SLOW_RATIO = 0.25
+_TAG_LEN = 32
+_MAX_CONNECTIONS = 64  # untagged ones are closed at once; they do not stop the tagged ones
+
+
+def slow_ends(rates: Mapping[str, float | None]) -> list[str]:
+    """The hosts whose rate (GB/s) is under SLOW_RATIO of the best one's; [] when fewer than
+    two were measured, none stands out, or every measured one would."""
+    known = {h: r for h, r in rates.items() if r is not None}
+    if len(known) < 2:
+        return []
+    best = max(known.values())
+    slow = sorted(h for h, r in known.items() if r < best * SLOW_RATIO)
+    return slow if len(slow) < len(known) else []
+
+
+class _Sink:
+    """A TCP listener on this node's address that counts what each tagged sender delivers."""
+
+    def __init__(self, ip: str, tags: list[str], *, lifetime_s: float) -> None:
+        self._tags = set(tags)
+        self._lock = threading.Lock()
+        self.got: dict[str, tuple[int, float, float]] = {}  # tag -> (bytes, first, last)
+        self._sock = socket.create_server((ip, 0))
+        self._sock.settimeout(0.2)
+        self.addr, self.port = ip, self._sock.getsockname()[1]
+        self._end = time.monotonic() + lifetime_s
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, name="link-probe-sink", daemon=True)
+        self._accept.start()
+
+    def _serve(self) -> None:
+        while time.monotonic() < self._end and len(self._threads) < _MAX_CONNECTIONS:
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self._read, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _read(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(max(0.1, self._end - time.monotonic()))
+            try:
+                tag = b""
+                while len(tag) < _TAG_LEN:
+                    part = conn.recv(_TAG_LEN - len(tag))
+                    if not part:
+                        return
+                    tag += part
+                name = tag.decode("ascii", "replace")
+                if name not in self._tags:
+                    return
+                first = last = time.monotonic()
+                total = 0
+                while time.monotonic() < self._end:
+                    data = conn.recv(1 << 20)
+                    if not data:
+                        break
+                    total += len(data)
+                    last = time.monotonic()
+            except OSError:
+                return
+            with self._lock:
+                self.got[name] = (total, first, last)
+
+    def rate(self, tag: str) -> float | None:
+        with self._lock:
+            got = self.got.get(tag)
+        if got is None or got[0] == 0:
+            return None
+        total, first, last = got
+        return total / max(last - first, 1e-3) / 1e9
+
+    def close(self) -> None:
+        self._end = 0.0
+        self._accept.join(timeout=1.0)
+        for t in self._threads:
+            t.join(timeout=1.0)
+        self._sock.close()
+
+
+def probe_hosts(hosts: Mapping[str, Any], *, seconds: float = PROBE_S,
+                nbytes: int = PROBE_BYTES) -> dict[str, float | None]:
+    """GB/s from each host (address -> a worker actor there) to this process, measured at the
+    same time; None for a host that sent nothing."""
+    if not hosts:
+        return {}
+    tags = {ip: secrets.token_hex(_TAG_LEN // 2) for ip in hosts}
+    sink = _Sink(ray.util.get_node_ip_address(), list(tags.values()),
+                 lifetime_s=seconds + 3.0)
+    try:
+        refs = [w.send_probe.remote(sink.addr, sink.port, tags[ip], nbytes=nbytes,
+                                    seconds=seconds) for ip, w in hosts.items()]
+        ray.wait(refs, num_returns=len(refs), timeout=seconds + 3.0)
+        time.sleep(0.2)  # the last bytes in flight
+    finally:
+        sink.close()
+    return {ip: sink.rate(tag) for ip, tag in tags.items()}
+
+
+def locate_slow_end(outcome: Failed, gang: WorkerGang) -> Failed:
+    """A failed pre-flight check's outcome with the slow end measured: its message gains each
+    host's rate from the control plane's node, and when one end stands out the nodes it
+    fails and avoids are that end's alone. A gang on one host is left as it is."""
+    hosts = gang.host_workers()
+    if len(hosts) < 2:
+        return outcome
+    rates = probe_hosts(hosts)
+    names = {s.ip: str(s.node or s.ip) for s in gang.ranks.values() if s.ip}
+    shown = ", ".join(f"{names.get(ip, ip)} " + (f"{r:.3g} GB/s" if r is not None
+                                                  else "nothing arrived")
+                      for ip, r in sorted(rates.items()))
+    slow = slow_ends(rates)
+    text = f"{outcome.message}; each host's link measured from the control plane's node: {shown}"
+    if not slow:
+        return replace(outcome, message=f"{text}: no host stands out")
+    nodes = tuple(sorted({names.get(ip, ip) for ip in slow}))
+    return replace(outcome, message=f"{text}: the slow end is {', '.join(nodes)}",
+                   failed_nodes=nodes, avoid_nodes=nodes)
+
+
+def link_class(gang: WorkerGang, node: str) -> str:
+    """The pre-flight check's class of a link between `node` and another of the gang's
+    nodes (e.g. "gloo-tcp"), else "between hosts"."""
+    for backends in gang.start.preflight_links().values():
+        for links in backends.values():
+            for link in links.values():
+                if node in link.nodes and len(set(link.nodes)) > 1:
+                    return link.link
+    return "between hosts"
+
+
+def measure_slow_links(gang: WorkerGang, *, slower: float) -> list[SlowLink]:
+    """A running gang slowed `slower` times: each host's link measured from the control
+    plane's node; one event per host that stands out as the slow end."""
+    hosts = gang.host_workers()
+    if len(hosts) < 2:
+        return []
+    rates = probe_hosts(hosts)
+    slow = slow_ends(rates)
+    if not slow:
+        return []
+    others = max(r for h, r in rates.items() if h not in slow and r is not None)
+    names = {s.ip: str(s.node or s.ip) for s in gang.ranks.values() if s.ip}
+    return [SlowLink(node=names.get(ip, ip), host=ip, gbps=float(rates[ip] or 0.0),
+                     others_gbps=others, slower=slower, link=link_class(gang, names.get(ip, ip)))
+            for ip in slow]
