@@ -28,6 +28,8 @@ the hang watchdog's and the worker-death path's, not this.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 _KEPT = 4  # answer times kept per rank
 
@@ -73,3 +75,25 @@ class AnswerGaps:
                for t in ts):
             return round(at - before, 1)
         return None
+
+
+def late_answers(served: Mapping[int, Any], arrived: Mapping[int, float], *, sent: float,
+                 min_s: float = 4.0) -> dict[int, float]:
+    """The ranks of one call round (sent at `sent`) whose answer spent `min_s` or more on the
+    way (its arrival less the `served` seconds its worker spent answering) while every other
+    answer spent at least `min_s` less: a link that dropped and came back while the call was
+    out, when the controller polls no one. Seconds on the way, per such rank.
+
+    >>> late_answers({0: 2.0, 1: 0.5}, {0: 12.2, 1: 10.9}, sent=10.0)  # a slow dump, no gap
+    {}
+    >>> late_answers({0: 2.0, 1: 0.5}, {0: 12.2, 1: 16.1}, sent=10.0)
+    {1: 5.6}
+    """
+    transit = {r: arrived[r] - sent - float(s) for r, s in served.items()
+               if r in arrived and isinstance(s, int | float)}
+    out = {}
+    for r, t in transit.items():
+        others = [x for q, x in transit.items() if q != r]
+        if t >= min_s and others and max(others) <= t - min_s:
+            out[r] = round(t, 1)
+    return out

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from orchestrator.lifecycle import RankState
-from orchestrator.runtime.answer_gaps import AnswerGaps
+from orchestrator.runtime.answer_gaps import AnswerGaps, late_answers
 from orchestrator.runtime.events import AttemptConfig, Master, RankStatus, Stacks
 from orchestrator.runtime.failures import RankFailure
 from orchestrator.runtime.gang_output import Drained, RankOutputs
@@ -57,6 +57,7 @@ class Answers:
         self.deadline = self.start + timeout_s
         self.values: dict[Any, Any] = {}
         self.errors: dict[Any, Any] = {}
+        self.arrived: dict[Any, float] = {}  # key -> when its answer was read (monotonic)
         self._pending = {ref: r for r, ref in refs.items()}
         self._cut_off = cut_off
         self._grace_s = grace_s
@@ -94,6 +95,7 @@ class Answers:
                                 timeout=max(0.0, stop - now))
             for ref in ready:
                 r = self._pending.pop(ref)
+                self.arrived[r] = time.monotonic()
                 try:
                     self.values[r] = ray.get(ref, timeout=0)
                 except RayError as exc:
@@ -138,6 +140,8 @@ class WorkerGang:
         # rank -> its poll call that did not answer within a tick: read the next tick (what
         # it returns is the rank's output; a second call is not stacked on a cut-off actor)
         self._polls: dict[int, list[Any]] = {}
+        # link gaps found in a diagnostics round (its answers' network time), for drain()
+        self._round_gaps: list[dict[str, Any]] = []
         # ranks found dead because their worker answered nothing while the others did:
         # their host answers no read of their files either
         self.unreachable: set[int] = set()
@@ -267,7 +271,8 @@ class WorkerGang:
         usage: list[dict[str, Any]] = []
         checkpoints: list[dict[str, Any]] = []
         collectives: dict[int, int] = {}
-        gaps: list[dict[str, Any]] = []
+        gaps: list[dict[str, Any]] = self._round_gaps
+        self._round_gaps = []
         cut_off = self.cut_off()
         polled, errors = gather_answers(calls, timeout_s=CALL_TIMEOUT_S,
                                         cut_off={k for k in calls if k[0] in cut_off},
@@ -410,7 +415,10 @@ class WorkerGang:
                 if r not in self._dead}
         # cut off as the call goes: a rank that went silent just before it is given up
         # CUT_OFF_GRACE_S after its peers once its silence reaches CUT_OFF_S, not at the deadline
-        out, errors = gather_answers(refs, timeout_s=timeout_s, cut_off=self.cut_off)
+        answers = Answers(refs, timeout_s=timeout_s, cut_off=self.cut_off)
+        answers.wait()
+        out, errors = answers.values, answers.errors
+        self._late_in_round(answers)
         for r, exc in errors.items():
             out[r] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         silent = [r for r, exc in errors.items() if isinstance(exc, GetTimeoutError)]
@@ -421,6 +429,19 @@ class WorkerGang:
             for r in silent:
                 self._answers.missed(r)
         return {r: out[r] for r in refs}
+
+    def _late_in_round(self, answers: Answers) -> None:
+        """A rank whose diagnostics answer spent `min_s` or more on the network (its wait less
+        the `served_s` its worker spent gathering) while every peer's spent `min_s` less: its
+        link dropped and came back during the round, when no poll runs (a LinkGap)."""
+        served = {r: v.get("served_s") for r, v in answers.values.items() if isinstance(v, dict)}
+        late = late_answers(served, answers.arrived, sent=answers.start,
+                            min_s=self._answers.min_s)
+        for r, t in late.items():
+            if r in self.ranks:
+                info = self.ranks[r]
+                self._round_gaps.append({"rank": r, "node": info.node or info.node_id,
+                                         "host": info.ip, "silent_s": t})
 
     def stacks(self, request_id: int, *, timeout_s: float) -> Stacks:
         """"Stacks now": every live rank's Python stacks (or why a rank gave none)."""

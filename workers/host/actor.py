@@ -419,7 +419,15 @@ class WorkerActor:
     def diagnostics(self, request: dict[str, Any] | None = None) -> dict[str, Any]:
         """Evidence for the hang watchdog: stacks of every thread, the last heartbeat and the
         richer evidence of `workers.host.evidence` (Flight Recorder dump, NCCL log errors).
-        `request["kind"] == "stacks"` ("stacks now") answers with the stacks alone."""
+        `request["kind"] == "stacks"` ("stacks now") answers with the stacks alone.
+        `served_s`: the seconds this call took here (the caller tells the network's share of
+        its wait from the time gathering evidence took)."""
+        t0 = time.monotonic()
+        out = self._diagnostics(request)
+        out["served_s"] = round(time.monotonic() - t0, 3)
+        return out
+
+    def _diagnostics(self, request: dict[str, Any] | None) -> dict[str, Any]:
         from workers.host.evidence import collect_evidence, pyspy_dump, thread_stack_map
 
         out: dict[str, Any] = {"rank": self._buf.rank, "pid": os.getpid(),
