@@ -277,7 +277,8 @@ class AttemptController:
         if storage is None or (cfg.attempt == 1 and cfg.spec.checkpoint.resume_from is None):
             return True
         t0 = time.monotonic()
-        step, error = restore_checkpoint(cfg, storage, gang.host_workers())
+        hosts = gang.host_workers()
+        step, error = restore_checkpoint(cfg, storage, hosts)
         if error is not None:
             gang.kill()
             self._finish(Failed(reason=Reason.SETUP_ERROR, blame=Blame.INFRA, message=(
@@ -287,7 +288,7 @@ class AttemptController:
         if step is not None:
             self._log_line(f"INFO checkpoint of step {step} downloaded from "
                            f"{storage.step_uri(cfg.job_id, step)} to "
-                           f"{len(gang.host_workers())} host(s) in "
+                           f"{len(hosts)} host(s) in "
                            f"{time.monotonic() - t0:.1f} s")
         return True
 

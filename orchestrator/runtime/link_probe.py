@@ -144,15 +144,24 @@ def probe_hosts(hosts: Mapping[str, Any], *, seconds: float = PROBE_S,
     return {ip: sink.rate(tag) for ip, tag in tags.items()}
 
 
+def _measure(gang: WorkerGang) -> tuple[dict[str, float | None], dict[str, str]] | None:
+    """(each host's rate from this node, host address -> node name); None for a gang on one
+    host."""
+    hosts = gang.host_workers()
+    if len(hosts) < 2:
+        return None
+    names = {s.ip: str(s.node or s.ip) for s in gang.ranks.values() if s.ip}
+    return probe_hosts(hosts), names
+
+
 def locate_slow_end(outcome: Failed, gang: WorkerGang) -> Failed:
     """A failed pre-flight check's outcome with the slow end measured: its message gains each
     host's rate from the control plane's node, and when one end stands out the nodes it
     fails and avoids are that end's alone. A gang on one host is left as it is."""
-    hosts = gang.host_workers()
-    if len(hosts) < 2:
+    measured = _measure(gang)
+    if measured is None:
         return outcome
-    rates = probe_hosts(hosts)
-    names = {s.ip: str(s.node or s.ip) for s in gang.ranks.values() if s.ip}
+    rates, names = measured
     shown = ", ".join(f"{names.get(ip, ip)} " + (f"{r:.3g} GB/s" if r is not None
                                                   else "nothing arrived")
                       for ip, r in sorted(rates.items()))
@@ -179,15 +188,12 @@ def link_class(gang: WorkerGang, node: str) -> str:
 def measure_slow_links(gang: WorkerGang, *, slower: float) -> list[SlowLink]:
     """A running gang slowed `slower` times: each host's link measured from the control
     plane's node; one event per host that stands out as the slow end."""
-    hosts = gang.host_workers()
-    if len(hosts) < 2:
+    measured = _measure(gang)
+    slow = slow_ends(measured[0]) if measured is not None else []
+    if measured is None or not slow:
         return []
-    rates = probe_hosts(hosts)
-    slow = slow_ends(rates)
-    if not slow:
-        return []
+    rates, names = measured
     others = max(r for h, r in rates.items() if h not in slow and r is not None)
-    names = {s.ip: str(s.node or s.ip) for s in gang.ranks.values() if s.ip}
     return [SlowLink(node=names.get(ip, ip), host=ip, gbps=float(rates[ip] or 0.0),
                      others_gbps=others, slower=slower, link=link_class(gang, names.get(ip, ip)))
             for ip in slow]
