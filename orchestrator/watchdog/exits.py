@@ -22,6 +22,7 @@ PEER_LOST = re.compile(
     r"|remote (?:process|worker) (?:exited|crashed)"
     r"|timed out waiting \d+ ?ms for (?:recv|send) operation"
     r"|failed to pass monitoredbarrier"
+    r"|failed on peer rank \d+"
     r"|communicator was aborted"
     r"|ncclremoteerror"
     r"|watchdog caught collective operation timeout",

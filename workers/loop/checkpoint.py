@@ -104,9 +104,13 @@ class CheckpointSaveError(RuntimeError):
 
 def _save_error(exc: BaseException, *, step: int, root: Path, rank: int,
                 store_uri: str | None = None) -> CheckpointSaveError:
-    cause = exc
+    cause, failed_on = exc, None
     if isinstance(exc, CheckpointException) and exc.failures:  # every rank's, gathered
-        cause = exc.failures.get(rank, next(iter(exc.failures.values())))[0]
+        if rank in exc.failures:
+            cause = exc.failures[rank][0]
+        else:  # this rank wrote its part; a peer's write failed the save
+            failed_on = min(exc.failures)
+            cause = exc.failures[failed_on][0]
     where = getattr(cause, "filename", None) or _step_dir(root, step)
     text = (cause.strerror if isinstance(cause, OSError) and cause.strerror
             else f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1][:300]}")
@@ -124,8 +128,12 @@ def _save_error(exc: BaseException, *, step: int, root: Path, rank: int,
         after = f"a restart resumes from step {newest[-1]}, the newest complete checkpoint"
     else:
         after = "no complete checkpoint is kept: a restart starts from step 0"
-    return CheckpointSaveError(f"the checkpoint of step {step} was not saved on "
-                               f"{socket.gethostname()}: {text} ({where}); {after}")
+    # A peer's failure is said as one (exits.PEER_LOST): the failure summary leads with the
+    # rank whose own write failed, on its own host.
+    on = (f": it failed on peer rank {failed_on}" if failed_on is not None
+          else f" on {socket.gethostname()}")
+    return CheckpointSaveError(f"the checkpoint of step {step} was not saved{on}: {text} "
+                               f"({where}); {after}")
 
 
 def _barrier() -> None:
