@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from deploy.lab import jobs as labjobs
 from deploy.lab import lab as labmod
-from deploy.lab.jobs import CHECKPOINTED, Watch, failed, node_state, serve_pids, training
+from deploy.lab.jobs import CHECKPOINTED, SPEC, Watch, failed, node_state, serve_pids, training
 from orchestrator.lifecycle import FAILURE_REASONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,6 +38,25 @@ def lab() -> Iterator[labmod.Lab]:
         assert not left, f"lab down left behind: {left}"
 
 
+@pytest.fixture
+def watch(lab: labmod.Lab) -> Iterator[Callable[..., Watch]]:
+    """Submits a job and watches it (`Watch`); a job still running when its test ends (a
+    failed assertion) is cancelled, so the next test gets the lab's hosts free."""
+    made: list[Watch] = []
+
+    def make(log: str, spec: dict[str, Any] = SPEC) -> Watch:
+        made.append(Watch(lab, log, spec))
+        return made[-1]
+
+    yield make
+    for w in made:
+        try:
+            if any("job" in x for x in w.lines()):
+                w.cancel()
+        except Exception as exc:  # the test's own failure is the one to report
+            print(f"{w.path.name}: the job was not cancelled: {str(exc)[:500]}")
+
+
 def _resumed_elsewhere(w: Watch, victim: str) -> None:
     ranks = w.wait("attempt 2 training", lambda w: training(w, 2, 5), timeout=300)
     assert victim not in {r[1] for r in ranks}
@@ -45,11 +65,11 @@ def _resumed_elsewhere(w: Watch, victim: str) -> None:
 
 
 def test_host_crash_is_diagnosed_naming_the_host_and_the_job_resumes_elsewhere(
-        lab: labmod.Lab):
+        lab: labmod.Lab, watch: Callable[..., Watch]):
     """The job checkpoints to the object store, each host uploading its rank's part; attempt 2,
     on other hosts, resumes from the newest checkpoint complete there (downloaded to its hosts'
     own disks), and retraces attempt 1's steps after it exactly."""
-    w = Watch(lab, "watch-crash.log", CHECKPOINTED)
+    w = watch("watch-crash.log", CHECKPOINTED)
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 25), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
     t0 = time.time()
@@ -92,8 +112,8 @@ def _resumed_from_the_store(lab: labmod.Lab, w: Watch) -> None:
 
 
 def test_partition_is_diagnosed_unreachable_naming_the_host_and_the_job_resumes_elsewhere(
-        lab: labmod.Lab):
-    w = Watch(lab, "watch-partition.log")
+        lab: labmod.Lab, watch: Callable[..., Watch]):
+    w = watch("watch-partition.log")
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 20), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
     t0 = time.time()
@@ -120,12 +140,12 @@ def test_partition_is_diagnosed_unreachable_naming_the_host_and_the_job_resumes_
 
 
 def test_control_plane_killed_and_restarted_on_its_host_loses_nothing_and_the_job_trains_on(
-        lab: labmod.Lab):
+        lab: labmod.Lab, watch: Callable[..., Watch]):
     """`meshyard serve` killed -9 on its own host mid-training and started again there: the
     job trains on through the outage in its first attempt (its controller is a detached Ray
     actor on the cluster), the new control plane reattaches to it, and every step's metrics
     row reaches the database once, those reported while no control plane ran included."""
-    w = Watch(lab, "watch-cp.log")
+    w = watch("watch-cp.log")
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 20), timeout=300)
     pids = serve_pids(lab)
     assert pids, "no meshyard serve process found on the control plane's host"
@@ -159,12 +179,12 @@ def test_control_plane_killed_and_restarted_on_its_host_loses_nothing_and_the_jo
 
 
 def test_full_run_dir_disk_fails_the_save_naming_host_and_path_and_nothing_half_saved_is_resumed(
-        lab: labmod.Lab):
+        lab: labmod.Lab, watch: Callable[..., Watch]):
     """Rank 1's host's own disk (its run dirs, where the rank writes its part of each
     checkpoint) fills up mid-training: the next save fails naming the step, the host, the
     path and "No space left on device"; that step never gets a marker in the store; once
     space is back the restarted attempt resumes from the newest checkpoint complete there."""
-    w = Watch(lab, "watch-disk.log", CHECKPOINTED)
+    w = watch("watch-disk.log", CHECKPOINTED)
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 12), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
     uri = labjobs.store_env(lab)["MESHYARD_CHECKPOINT_URI"]
@@ -192,11 +212,12 @@ def test_full_run_dir_disk_fails_the_save_naming_host_and_path_and_nothing_half_
     w.cancel()
 
 
-def test_a_link_down_for_5_s_is_a_link_gap_not_a_restart(lab: labmod.Lab):
+def test_a_link_down_for_5_s_is_a_link_gap_not_a_restart(lab: labmod.Lab,
+                                                         watch: Callable[..., Watch]):
     """A flapping link: rank 1's host is cut off for 5 s, then back. The collective waits and
     recovers (TCP retransmits), the job keeps its attempt, and the job's events hold a
     LINK_GAP warning naming the host and how long it answered nothing."""
-    w = Watch(lab, "watch-flap.log")
+    w = watch("watch-flap.log")
     ranks = w.wait("attempt 1 training", lambda w: training(w, 1, 20), timeout=300)
     victim = lab.host(next(r[1] for r in ranks if r[0] == 1))
     at = max(r[2] for r in ranks)
