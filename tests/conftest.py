@@ -147,3 +147,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
     return SharedClusterScheduling(config, log)
+
+
+def _machine_cpu_ticks() -> int:
+    """user+nice+system of the machine's /proc/stat `cpu` line, in clock ticks."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[1]) + int(fields[2]) + int(fields[3])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With MESHYARD_TEST_TIMELINE=FILE, each test's worker, start, end (its fixtures'
+    set-up and tear-down included) and the machine's CPU ticks at both ends go to FILE as one
+    JSON line: where a run's time went, per module and per worker (bench/suite_timeline.py)."""
+    path = os.environ.get("MESHYARD_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    import json
+    import time
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    t0, c0 = time.time(), _machine_cpu_ticks()
+    yield
+    line = json.dumps({"worker": worker, "test": item.nodeid, "start": t0, "end": time.time(),
+                       "ticks": _machine_cpu_ticks() - c0})
+    with open(path, "a") as f:
+        f.write(line + "\n")
