@@ -13,7 +13,8 @@ opens a TCP sink and every host of the gang sends it zeros for up to PROBE_S
 under SLOW_RATIO of the best one's is the slow end (`slow_ends`), and the next placement
 avoids it alone. When no host stands out, or all do (the control plane's own link), the
 pre-flight check's culprits stand. Only connections that present the probe's random tag are
-read; the sink lives for one probe.
+read, and a flood of other connections cannot keep them out (`_Sink`); the sink lives for one
+probe.
 
 >>> slow_ends({"10.0.0.1": 0.95, "10.0.0.2": 0.0005})
 ['10.0.0.2']
@@ -23,7 +24,9 @@ read; the sink lives for one probe.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import selectors
 import socket
 import threading
 import time
@@ -42,7 +45,8 @@ PROBE_BYTES = 16 << 20
 PROBE_S = 3.0
 SLOW_RATIO = 0.25
 _TAG_LEN = 32
-_MAX_CONNECTIONS = 64  # untagged ones are closed at once; they do not stop the tagged ones
+TAG_WAIT_S = 1.0  # what a connection gets to present its tag
+MAX_PENDING = 256  # untagged connections held at once; past it the oldest is closed
 
 
 def slow_ends(rates: Mapping[str, float | None]) -> list[str]:
@@ -57,57 +61,121 @@ def slow_ends(rates: Mapping[str, float | None]) -> list[str]:
 
 
 class _Sink:
-    """A TCP listener on this node's address that counts what each tagged sender delivers."""
+    """A TCP listener on this node's address that counts what each tagged sender delivers.
+
+    Anyone who reaches the port may connect (a job's rank on a gang host included); none can
+    keep the gang's hosts from being measured: one thread serves every connection, a
+    connection gets TAG_WAIT_S to present a tag, a wrong tag or a tag already used closes it
+    at once, and past MAX_PENDING untagged connections the oldest is closed for each new one.
+    What a stranger sends is never counted."""
 
     def __init__(self, ip: str, tags: list[str], *, lifetime_s: float) -> None:
         self._tags = set(tags)
         self._lock = threading.Lock()
         self.got: dict[str, tuple[int, float, float]] = {}  # tag -> (bytes, first, last)
-        self._sock = socket.create_server((ip, 0))
-        self._sock.settimeout(0.2)
+        self.refused = 0  # connections closed without being counted
+        self._sock = socket.create_server((ip, 0), backlog=128)
+        self._sock.setblocking(False)
         self.addr, self.port = ip, self._sock.getsockname()[1]
         self._end = time.monotonic() + lifetime_s
-        self._threads: list[threading.Thread] = []
-        self._accept = threading.Thread(target=self._serve, name="link-probe-sink", daemon=True)
-        self._accept.start()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        # untagged: socket -> (what arrived of its tag, deadline); tagged: socket -> [tag,
+        # bytes, first, last]
+        self._pending: dict[socket.socket, tuple[bytes, float]] = {}
+        self._open: dict[socket.socket, list[Any]] = {}
+        self._serving = threading.Thread(target=self._serve, name="link-probe-sink",
+                                         daemon=True)
+        self._serving.start()
 
     def _serve(self) -> None:
-        while time.monotonic() < self._end and len(self._threads) < _MAX_CONNECTIONS:
+        try:
+            while (now := time.monotonic()) < self._end:
+                for key, _ in self._sel.select(timeout=0.05):
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    elif key.fileobj in self._pending:
+                        self._read_tag(key.fileobj)  # type: ignore[arg-type]
+                    else:
+                        self._read_data(key.fileobj)  # type: ignore[arg-type]
+                for conn in [c for c, (_, dl) in self._pending.items() if dl < now]:
+                    self._drop(conn)
+        finally:
+            for conn in list(self._open):
+                self._finish(conn)
+            for conn in list(self._pending):
+                self._drop(conn)
+            self._sel.close()
+
+    def _accept(self) -> None:
+        for _ in range(64):  # what the backlog holds now, a bounded batch
             try:
                 conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
                 return
-            t = threading.Thread(target=self._read, args=(conn,), daemon=True)
-            self._threads.append(t)
-            t.start()
+            conn.setblocking(False)
+            while len(self._pending) >= MAX_PENDING:
+                self._drop(next(iter(self._pending)))  # the oldest
+            self._pending[conn] = (b"", time.monotonic() + TAG_WAIT_S)
+            self._sel.register(conn, selectors.EVENT_READ, None)
 
-    def _read(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(max(0.1, self._end - time.monotonic()))
-            try:
-                tag = b""
-                while len(tag) < _TAG_LEN:
-                    part = conn.recv(_TAG_LEN - len(tag))
-                    if not part:
-                        return
-                    tag += part
-                name = tag.decode("ascii", "replace")
-                if name not in self._tags:
-                    return
-                first = last = time.monotonic()
-                total = 0
-                while time.monotonic() < self._end:
-                    data = conn.recv(1 << 20)
-                    if not data:
-                        break
-                    total += len(data)
-                    last = time.monotonic()
-            except OSError:
-                return
-            with self._lock:
-                self.got[name] = (total, first, last)
+    def _read_tag(self, conn: socket.socket) -> None:
+        got, deadline = self._pending[conn]
+        try:
+            part = conn.recv(_TAG_LEN - len(got))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            part = b""
+        if not part:
+            self._drop(conn)
+            return
+        got += part
+        if len(got) < _TAG_LEN:
+            self._pending[conn] = (got, deadline)
+            return
+        name = got.decode("ascii", "replace")
+        with self._lock:
+            fresh = name in self._tags and name not in self.got and \
+                all(o[0] != name for o in self._open.values())
+        if not fresh:
+            self._drop(conn)
+            return
+        del self._pending[conn]
+        now = time.monotonic()
+        self._open[conn] = [name, 0, now, now]
+
+    def _read_data(self, conn: socket.socket) -> None:
+        entry = self._open[conn]
+        try:
+            data = conn.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._finish(conn)
+            return
+        entry[1] += len(data)
+        entry[3] = time.monotonic()
+
+    def _finish(self, conn: socket.socket) -> None:
+        name, total, first, last = self._open.pop(conn)
+        self._close(conn)
+        with self._lock:
+            self.got[name] = (total, first, last)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._pending.pop(conn, None)
+        self.refused += 1
+        self._close(conn)
+
+    def _close(self, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn)
+        conn.close()
 
     def rate(self, tag: str) -> float | None:
         with self._lock:
@@ -119,9 +187,7 @@ class _Sink:
 
     def close(self) -> None:
         self._end = 0.0
-        self._accept.join(timeout=1.0)
-        for t in self._threads:
-            t.join(timeout=1.0)
+        self._serving.join(timeout=2.0)
         self._sock.close()
 
 

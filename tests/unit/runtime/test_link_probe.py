@@ -56,6 +56,44 @@ def test_the_trickling_sender_is_the_slow_end_and_a_stranger_is_ignored() -> Non
     assert sink.rate("x" * 32) is None and len(sink.got) == 2
 
 
+def test_a_flood_of_strangers_does_not_keep_the_hosts_from_being_measured() -> None:
+    """A hostile process that reaches the sink's port (a rank on a gang host) opens more
+    silent connections than the sink holds, sends wrong tags, and replays a real host's tag
+    on a second connection with a flood of its own bytes: every host is still measured, and
+    only by its own connection."""
+    from orchestrator.runtime.link_probe import MAX_PENDING
+
+    a, b = "a" * 32, "b" * 32
+    sink = _Sink("127.0.0.1", [a, b], lifetime_s=5.0)
+    strangers: list[socket.socket] = []
+    try:
+        for _ in range(MAX_PENDING + 100):  # silent: they never send a tag
+            strangers.append(socket.create_connection(("127.0.0.1", sink.port)))
+        for i in range(50):  # wrong tags, then data
+            s = socket.create_connection(("127.0.0.1", sink.port))
+            s.sendall(f"{i:032d}".encode() + bytes(64 << 10))
+            strangers.append(s)
+        sent = {t: send_probe("127.0.0.1", sink.port, t, nbytes=4 << 20, seconds=1.0)
+                for t in (a, b)}
+        replay = socket.create_connection(("127.0.0.1", sink.port))
+        strangers.append(replay)
+        replay.sendall(a.encode())
+        try:
+            for _ in range(64):
+                replay.sendall(bytes(1 << 20))
+        except OSError:
+            pass  # closed by the sink: the tag was used
+        time.sleep(0.3)
+    finally:
+        sink.close()
+        for s in strangers:
+            s.close()
+    assert sent == {a: 4 << 20, b: 4 << 20}
+    assert sink.got[a][0] == 4 << 20 and sink.got[b][0] == 4 << 20, sink.got
+    assert sink.rate(a) is not None and sink.rate(b) is not None
+    assert sink.refused >= 150, sink.refused
+
+
 def test_no_end_stands_out_when_both_or_neither_are_slow() -> None:
     assert slow_ends({"a": 0.9, "b": 0.5}) == []
     assert slow_ends({"a": 0.9, "b": 0.2, "c": 0.1}) == ["b", "c"]
