@@ -32,6 +32,8 @@ class S3Server:
     port: int
     bucket: str
     log: Path
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
 
     @property
     def endpoint(self) -> str:
@@ -43,7 +45,8 @@ class S3Server:
     def env(self, prefix: str = "checkpoints") -> dict[str, str]:
         """The control plane's settings for this store."""
         return {"MESHYARD_CHECKPOINT_URI": self.uri(prefix), "MESHYARD_S3_ENDPOINT": self.endpoint,
-                "MESHYARD_S3_ACCESS_KEY": ACCESS_KEY, "MESHYARD_S3_SECRET_KEY": SECRET_KEY}
+                "MESHYARD_S3_ACCESS_KEY": self.access_key,
+                "MESHYARD_S3_SECRET_KEY": self.secret_key}
 
     def stop(self) -> None:
         """Ends the server (its own process group) by its PID."""
@@ -61,10 +64,16 @@ class S3Server:
 def start(host: str, *, log: Path, bucket: str = "meshyard",
           spawn: Callable[[list[str]], subprocess.Popen[bytes]] | None = None,
           run_python: Callable[[str], None] | None = None,
-          timeout_s: float = 60.0) -> S3Server:
+          timeout_s: float = 60.0, authenticated: bool = False) -> S3Server:
     """The server on `host`, a free port, with `bucket` made. `spawn` starts its argv
     elsewhere (the lab: in a host, its output appended to `log`), and `run_python` runs the
-    bucket's creation there; by default both happen here."""
+    bucket's creation there; by default both happen here.
+
+    `authenticated` (here only): the server then refuses every request not signed with the
+    keys it made for one user allowed s3:* (`access_key` / `secret_key`), as a real store
+    does; by default it takes any keys."""
+    if authenticated and (spawn is not None or run_python is not None):
+        raise ValueError("an authenticated store is started on this host only")
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         raise RuntimeError(f"{exe} is missing: install the dev extra (moto[server])")
@@ -94,10 +103,34 @@ def start(host: str, *, log: Path, bucket: str = "meshyard",
             exec(compile(code, "make-bucket", "exec"), {})  # noqa: S102 - our own constant
         else:
             run_python(code)
+        if authenticated:
+            server.access_key, server.secret_key = _require_keys(server.endpoint)
         return server
     except BaseException:
         (server or S3Server(proc, host, 0, bucket, log)).stop()
         raise
+
+
+def _require_keys(endpoint: str) -> tuple[str, str]:
+    """One IAM user allowed s3:*, its new keys; then moto checks every request's signature
+    (its /moto-api/reset-auth: no unauthenticated request left)."""
+    import json
+    import urllib.request
+
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+    iam.create_user(UserName="meshyard")
+    iam.put_user_policy(UserName="meshyard", PolicyName="s3", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*",
+                                                 "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="meshyard")["AccessKey"]
+    req = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                 headers={"Content-Type": "text/plain"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        resp.read()
+    return key["AccessKeyId"], key["SecretAccessKey"]
 
 
 _BUCKET_CODE = """

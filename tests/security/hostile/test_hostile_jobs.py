@@ -7,6 +7,8 @@ rank, four ways: a command and a function, each once on a prestarted (pooled) ra
 and once started cold. Every attempt to leave her job must fail, the kit's controls must
 work, and afterwards nothing of alice's or of the control plane has changed: the checkpoint
 bytes, the victim still running, the admin token unread, alice's next job placed as usual.
+The cluster's checkpoint store (an S3 server that checks every request's signature) answers
+her and refuses her: its keys reach no job.
 A hung hostile job that answers the watchdog itself (kit/hang.py) can neither make the
 server serve a file outside its run dir nor run code where its Flight Recorder dump is read.
 
@@ -35,6 +37,7 @@ import psutil
 import pytest
 
 from api.client import MeshyardAPIError, MeshyardClient
+from deploy.lab import s3server
 from meshyard import _landlock
 from tests.support.serve import serve_url, stop_serve
 
@@ -57,6 +60,7 @@ class Lab:
     alice: str
     mallory: str
     serve: subprocess.Popen[bytes]
+    store: s3server.S3Server
     victim: str = ""
     victim_bytes: bytes = b""
     victim_secret: str = ""
@@ -65,8 +69,11 @@ class Lab:
     code: dict[str, str | None] = field(default_factory=dict)  # alice's code: path -> sha
 
 
-def _start(data: Path, *, token: str, ray_tmp: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "RAY_"))}
+def _start(data: Path, *, token: str, ray_tmp: Path,
+           store: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MESHYARD_", "RAY_", "AWS_"))}
+    env.update(store)  # the checkpoint store and its keys
     env.update(MESHYARD_ADMIN_TOKEN=token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                RAY_TMPDIR=str(ray_tmp), MESHYARD_ALLOW_FAULT_INJECTION="0",
                MESHYARD_WARM_POOL="3")  # the victim and the two pooled variants
@@ -124,7 +131,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     data = tmp_path_factory.mktemp("hostile") / "data"
     token = "msy_admin-" + secrets.token_urlsafe(24)
     ray_tmp = Path("/tmp") / f"meshyard-hostile-{secrets.token_hex(4)}"
-    proc = _start(data, token=token, ray_tmp=ray_tmp)
+    # The cluster's checkpoint store: one that refuses requests not signed with its keys,
+    # which only the control plane holds.
+    store = s3server.start("127.0.0.1", log=data.parent / "s3.log", authenticated=True)
+    try:
+        proc = _start(data, token=token, ray_tmp=ray_tmp, store=store.env())
+    except BaseException:
+        store.stop()
+        raise
     try:
         url = serve_url(data, proc, token=token, timeout_s=180)
         with MeshyardClient(url, token) as admin:
@@ -132,7 +146,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             mallory = admin.create_token(user="mallory").token
             assert admin.cluster().isolation.confined, admin.cluster().isolation
         lab = Lab(url=url, data=data, ray_tmp=ray_tmp, admin=token, alice=alice,
-                  mallory=mallory, serve=proc)
+                  mallory=mallory, serve=proc, store=store)
         _start_victim(lab)
         with MeshyardClient(url, mallory) as client:
             lab.kit = client.upload_dir(HERE / "kit").package
@@ -140,6 +154,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield lab
     finally:
         stop_serve(proc, timeout_s=60)
+        store.stop()
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
@@ -190,7 +205,8 @@ def _targets(lab: Lab) -> dict[str, Any]:
         "pids": sorted(pids),
         "gcs": f"127.0.0.1:{gcs}",
         "ray_tmp": str(lab.ray_tmp),
-        "secrets": [lab.admin, lab.victim_secret],
+        "secrets": [lab.admin, lab.victim_secret, lab.store.access_key, lab.store.secret_key],
+        "store": {"endpoint": lab.store.endpoint, "bucket": lab.store.bucket},
         "link_target": str(token_file),
     }
 
@@ -275,6 +291,10 @@ def test_a_hostile_job_reaches_nothing_outside_its_own(lab: Lab, kit_runs: dict[
     gcs = int(lab.targets["gcs"].rpartition(":")[2])
     assert details[f"tcp:{gcs}"].startswith("PermissionError"), details[f"tcp:{gcs}"]
     assert details[f"tcp:{_api_port(lab)}"].startswith("PermissionError")
+    # The checkpoint store answers the job (it is on the network) but refuses it: the job
+    # holds no key, and the store checks every request's signature.
+    assert "InvalidAccessKeyId" in details["store:list the bucket with made-up keys"] or \
+        "INVALID_ACCESS_KEY_ID" in details["store:list the bucket with made-up keys"], details
     _victim_untouched(lab)
 
 

@@ -130,6 +130,26 @@ def _secrets_in_environ(pid: int, secrets: list[str]) -> str:
     return "found " + ", ".join(found)
 
 
+def _store_unsigned(store: dict[str, str]) -> str:
+    """The checkpoint store's bucket listed by a plain HTTP GET."""
+    import urllib.request
+
+    url = f"{store['endpoint']}/{store['bucket']}?list-type=2"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read(2000).decode(errors="replace")
+
+
+def _store_guessed(store: dict[str, str]) -> str:
+    """The bucket listed through pyarrow's S3 client, signed with keys the job made up."""
+    from pyarrow import fs as pafs
+
+    s3 = pafs.S3FileSystem(access_key="AKIA" + "X" * 16, secret_key="guess", scheme="http",
+                           endpoint_override=store["endpoint"].split("://", 1)[1],
+                           region="us-east-1", connect_timeout=5, request_timeout=10)
+    infos = s3.get_file_info(pafs.FileSelector(store["bucket"], recursive=True))
+    return ", ".join(i.path for i in infos) or "an empty listing"
+
+
 def _visible_processes() -> str:
     mine = {os.getpid(), os.getppid()}
     others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine]
@@ -173,6 +193,10 @@ def attacks(t: dict[str, Any]) -> dict[str, Outcome]:
         [p for pattern in ("**/session_*/sockets/*", "**/session_*/logs/*")
          for p in glob.glob(os.path.join(t["ray_tmp"], pattern), recursive=True)],
         "none visible"))
+    if t.get("store"):
+        out["store:list the bucket unsigned"] = _try(lambda: _store_unsigned(t["store"]))
+        out["store:list the bucket with made-up keys"] = _try(
+            lambda: _store_guessed(t["store"]))
     out["capabilities"] = _try(_capabilities)
     out["new user namespace, unmount, read token"] = _try(_regain_root)
     out["other processes visible"] = _try(_visible_processes)
