@@ -54,6 +54,8 @@ class Reason(StrEnum):
     CONTROLLER_LOST = "CONTROLLER_LOST"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"  # a link of the placement failed the check
+    # the checkpoint store did not answer while a restarted attempt's hosts waited for it
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     # non-failure reasons
     SUBMITTED = "SUBMITTED"
     PLACEMENT_FOUND = "PLACEMENT_FOUND"
@@ -80,7 +82,8 @@ class Reason(StrEnum):
 FAILURE_REASONS = frozenset({Reason.NO_RESOURCES, Reason.INFEASIBLE, Reason.PLACEMENT_TIMEOUT,
                              Reason.SETUP_ERROR, Reason.USER_ERROR, Reason.WORKER_CRASH,
                              Reason.HANG_DETECTED, Reason.MAX_FAILURES, Reason.CONTROLLER_LOST,
-                             Reason.INTERNAL_ERROR, Reason.PREFLIGHT_FAILED})
+                             Reason.INTERNAL_ERROR, Reason.PREFLIGHT_FAILED,
+                             Reason.STORE_UNAVAILABLE})
 
 class JobEventKind(StrEnum):
     """A job event's kind: a state transition (written only with it), or a note."""

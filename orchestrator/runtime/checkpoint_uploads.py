@@ -2,7 +2,11 @@
 
 `restore` runs once before the ranks start: every host of the attempt (one worker actor per
 address) empties the job's local checkpoint folder and downloads the store's newest complete
-checkpoint. `CheckpointUploads` follows each checkpoint the hosts completed on their disks:
+checkpoint. A store that does not answer is asked again for up to RESTORE_WAIT_S; one that
+stays down fails the attempt as STORE_UNAVAILABLE, which is restarted like any infrastructure
+failure (a host that cannot hold the files fails it as a setup error).
+
+`CheckpointUploads` follows each checkpoint the hosts completed on their disks:
 every host uploads its part (the call runs in the worker actor's storage thread, beside
 training), and when every host's upload ended well the step's marker goes into the store and
 the steps beyond `checkpoint.keep` leave it; only then is the checkpoint reported (the
@@ -33,26 +37,62 @@ def _cause(exc: BaseException) -> str:
     return (text[-1] if text else type(exc).__name__)[:500]
 
 
-def restore(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any], *,
-            timeout_s: float = 600.0) -> tuple[int | None, str | None]:
-    """(the step the hosts now hold, or None when the store has none; why not, or None)."""
+RESTORE_WAIT_S = 120.0  # how long a restarted attempt's hosts wait for a store that is down
+
+
+def _store_side(exc: BaseException) -> bool:
+    from workers.host.checkpoint_transfer import StoreTransferError
+
+    return isinstance(exc, StoreTransferError) or \
+        isinstance(getattr(exc, "cause", None), StoreTransferError)
+
+
+def _restore_once(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any],
+                  timeout_s: float) -> tuple[int | None, str | None, bool]:
+    """(step, why not, whether the store's side failed: worth another try)."""
     try:
         steps = storage.complete_steps(cfg.job_id)
     except StorageError as exc:
-        return None, f"the job's checkpoints could not be listed: {exc}"
+        return None, f"the job's checkpoints could not be listed: {exc}", True
     step = steps[-1] if steps else None
+    if not hosts:
+        return step, None, False
     refs = {ip: w.restore_checkpoint.remote(storage, job_id=cfg.job_id, run_dir=cfg.run_dir,
                                             step=step) for ip, w in hosts.items()}
     done, late = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     for ip, ref in refs.items():
         if ref in late:
             return None, (f"{ip} did not download the checkpoint of step {step} from "
-                          f"{storage.uri} within {timeout_s:g} s")
+                          f"{storage.uri} within {timeout_s:g} s"), False
         try:
             ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - named in the attempt's failure
-            return None, f"{ip}: {_cause(exc)}"
-    return step, None
+            return None, f"{ip}: {_cause(exc)}", _store_side(exc)
+    return step, None, False
+
+
+def restore(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any], *,
+            timeout_s: float = 600.0, wait_s: float = RESTORE_WAIT_S,
+            on_wait: Callable[[str], None] | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> tuple[int | None, str | None, bool]:
+    """(the step the hosts now hold, or None when the store has none; why not, or None;
+    whether the store was what failed). A store that does not answer, or breaks off a
+    download, is asked again (1, 2, 4 ... 15 s apart) for up to `wait_s`; `on_wait` hears
+    the first miss. A host's own failure (its disk full, a link in its folder) ends at once."""
+    deadline = time.monotonic() + wait_s
+    delay, tries = 1.0, 0
+    while True:
+        step, error, store_side = _restore_once(cfg, storage, hosts, timeout_s)
+        tries += 1
+        if error is None or not store_side or time.monotonic() + delay > deadline:
+            if error is not None and store_side and tries > 1:
+                error = f"{error} (asked {tries} times over {wait_s:g} s)"
+            return step, error, store_side
+        if tries == 1 and on_wait is not None:
+            on_wait(f"the checkpoint store {storage.uri} failed the restore ({error}); asking "
+                    f"again for up to {wait_s:g} s")
+        sleep(delay)
+        delay = min(delay * 2, 15.0)
 
 
 @dataclass

@@ -278,12 +278,17 @@ class AttemptController:
             return True
         t0 = time.monotonic()
         hosts = gang.host_workers()
-        step, error = restore_checkpoint(cfg, storage, hosts)
+        step, error, store_side = restore_checkpoint(
+            cfg, storage, hosts, on_wait=lambda text: self._log_line(f"WARNING {text}"))
         if error is not None:
             gang.kill()
-            self._finish(Failed(reason=Reason.SETUP_ERROR, blame=Blame.INFRA, message=(
-                f"the checkpoint could not be placed on the job's hosts from {storage.uri}: "
-                f"{error}")))
+            # A store that stayed down is not the job's fault: the attempt is restarted (it
+            # counts in max_failures); a host that cannot hold the files is a setup error.
+            self._finish(Failed(
+                reason=Reason.STORE_UNAVAILABLE if store_side else Reason.SETUP_ERROR,
+                blame=Blame.INFRA, message=(
+                    f"the checkpoint could not be placed on the job's hosts from "
+                    f"{storage.uri}: {error}")))
             return False
         if step is not None:
             self._log_line(f"INFO checkpoint of step {step} downloaded from "

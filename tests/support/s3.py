@@ -3,8 +3,10 @@ module, and the `ObjectStorage` that reaches it."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -38,3 +40,78 @@ def keys(storage: ObjectStorage, job_id: str) -> list[str]:
                                                                 allow_not_found=True))
     return sorted(i.path[len(base) + 1:] for i in infos if i.type is pafs.FileType.File)
 
+
+
+class Gate:
+    """A TCP forwarder in front of a server, to take it off the network and back: `close()`
+    refuses new connections and cuts the open ones (a store that went down), `open()` listens
+    on the same port again. `endpoint` is what clients are given."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self._socket, self._threading = socket, threading
+        self.target = target
+        self._lock = threading.Lock()
+        self._conns: list[Any] = []
+        self._listener: Any = None
+        self.port = 0
+        self.open()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def open(self) -> None:
+        sock = self._socket.socket()
+        sock.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        self.port = sock.getsockname()[1]
+        self._listener = sock
+        self._threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(self._socket.SHUT_RDWR)
+            listener.close()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(self._socket.SHUT_RDWR)
+            c.close()
+
+    def _accept(self, listener: Any) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = self._socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:  # closed meanwhile
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(1)  # SHUT_WR

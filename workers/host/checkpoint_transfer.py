@@ -24,11 +24,22 @@ from typing import Any
 
 from meshyard._protocol import MARKER, step_dir_name
 from orchestrator.isolation import runfiles
-from orchestrator.storage.object_storage import CHUNK, MAX_FILES, ObjectStorage
+from orchestrator.storage.object_storage import CHUNK, MAX_FILES, ObjectStorage, StorageError
 
 
 class TransferError(RuntimeError):
     """A step was not moved; the message names the host, the step and the cause."""
+
+
+class StoreTransferError(TransferError):
+    """The store's side failed (it did not answer, refused, or broke off): worth asking again
+    once it is back, unlike a failure of this host's disk."""
+
+
+def _store_side(exc: BaseException) -> bool:
+    """The store's client failed, not this host's files: pyarrow's S3 errors carry no errno
+    (every local file error does)."""
+    return isinstance(exc, StorageError) or (isinstance(exc, OSError) and exc.errno is None)
 
 
 def _place(run_dir: str) -> tuple[Path, Path]:
@@ -41,8 +52,9 @@ def _fail(what: str, step: int, cause: BaseException | str) -> TransferError:
     text = cause if isinstance(cause, str) else (
         f"{type(cause).__name__}: {str(cause).strip().splitlines()[0][:300]}"
         if str(cause).strip() else type(cause).__name__)
-    return TransferError(f"{what} the checkpoint of step {step} on {socket.gethostname()}: "
-                         f"{text}")
+    kind = StoreTransferError if isinstance(cause, BaseException) and _store_side(cause) \
+        else TransferError
+    return kind(f"{what} the checkpoint of step {step} on {socket.gethostname()}: {text}")
 
 
 def _local_steps(anchor: Path, rel: Path) -> list[int]:
@@ -114,7 +126,7 @@ def restore_step(storage: ObjectStorage, *, job_id: str, run_dir: str,
                 while chunk := src.read(CHUNK):
                     dst.write(chunk)
                     total += len(chunk)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StorageError) as exc:
         raise _fail("could not download", step, exc) from None
     return {"files": len(files), "bytes": total, "host": socket.gethostname(),
             "seconds": round(time.monotonic() - t0, 3)}

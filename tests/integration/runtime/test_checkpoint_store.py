@@ -8,21 +8,38 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Iterator
 
 import pytest
 
 from orchestrator.lifecycle import JobState
 from orchestrator.settings import Settings
 from orchestrator.storage.object_storage import ObjectStorage
-from tests.integration.runtime.conftest import package_settings, submit, tiny_spec, wait_state
+from tests.integration.runtime.conftest import (
+    package_settings,
+    submit,
+    tiny_spec,
+    wait_for,
+    wait_state,
+)
 from tests.integration.runtime.usercode_helpers import USER_CODE, ship, user_spec
-from tests.support.s3 import keys
+from tests.support.s3 import Gate, keys
 
 
 @pytest.fixture()
-def settings(tmp_path, ray_cluster, storage: ObjectStorage) -> Settings:
+def gate(s3) -> Iterator[Gate]:
+    """The runtime reaches the store through this, so a test can take the store away."""
+    g = Gate((s3.host, s3.port))
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+@pytest.fixture()
+def settings(tmp_path, ray_cluster, storage: ObjectStorage, gate: Gate) -> Settings:
     return package_settings(tmp_path, ray_cluster, checkpoint_uri=storage.uri,
-                            s3_endpoint=storage.endpoint, s3_access_key=storage.access_key,
+                            s3_endpoint=gate.endpoint, s3_access_key=storage.access_key,
                             s3_secret_key=storage.secret_key)
 
 
@@ -32,11 +49,23 @@ def _lines(store, job_id: str) -> list[str]:
 
 @pytest.mark.slow
 def test_built_in_job_resumes_from_the_store_and_retraces_the_same_losses(
-        runtime, store, settings, storage: ObjectStorage) -> None:
+        runtime, store, settings, storage: ObjectStorage, gate: Gate) -> None:
+    """The store is down when attempt 2's hosts restore: they ask it again until it is back
+    (the job's log says so once), and the attempt goes on."""
     job_id = submit(store, tiny_spec(
         "s3-crash", training={"steps": 6},
         inject_fault={"kind": "crash", "rank": 1, "step": 4, "attempt": 1},
         fault_tolerance={"max_failures": 1}))
+    wait_for(store, job_id, lambda _: any(a.state == "FAILED"
+                                          for a in store.list_attempts(job_id)),
+             timeout_s=240, what="attempt 1's failure")
+    gate.close()
+    try:
+        wait_for(store, job_id, lambda _: any("WARNING the checkpoint store" in x
+                                              for x in _lines(store, job_id)),
+                 timeout_s=120, what="the restore's word that the store is down")
+    finally:
+        gate.open()
     job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED, timeout_s=240)
     assert job.state == JobState.SUCCEEDED, job.message
     by_attempt: dict[int, dict[int, float]] = {}
@@ -47,6 +76,9 @@ def test_built_in_job_resumes_from_the_store_and_retraces_the_same_losses(
     if first[3] is not None:  # the same model, optimizer and data position: the same loss
         assert second[3] == pytest.approx(first[3], rel=1e-4)
     lines = _lines(store, job_id)
+    (down,) = [x for x in lines if "WARNING the checkpoint store" in x]
+    assert f"the checkpoint store {storage.uri} failed the restore" in down, down
+    assert "did not answer" in down and "asking again for up to 120 s" in down, down
     uri = storage.step_uri(job_id, 2)
     assert any(f"INFO checkpoint of step 2 downloaded from {uri} to 1 host(s)" in x
                for x in lines), lines[-20:]

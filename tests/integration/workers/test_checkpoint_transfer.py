@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from meshyard._protocol import MARKER, complete_checkpoints
 from orchestrator.settings import Settings
 from orchestrator.storage.object_storage import ObjectStorage, StorageError
-from tests.support.s3 import keys
-from workers.host.checkpoint_transfer import TransferError, restore_step, upload_step
+from tests.support.s3 import Gate, keys
+from workers.host.checkpoint_transfer import (
+    StoreTransferError,
+    TransferError,
+    restore_step,
+    upload_step,
+)
 
 JOB = "job-ckpt"
 
@@ -178,3 +187,64 @@ def test_settings_name_what_is_wrong_with_the_store(s3, tmp_path: Path) -> None:
                                  access_key="k", secret_key="s")
     with pytest.raises(StorageError, match=r"did not answer: .*MESHYARD_S3_ENDPOINT"):
         closed.check()
+
+
+def _behind(storage: ObjectStorage, gate: Gate) -> ObjectStorage:
+    """The same store, reached through `gate`."""
+    return ObjectStorage.parse(storage.uri, endpoint=gate.endpoint,
+                               access_key=storage.access_key, secret_key=storage.secret_key)
+
+
+def test_a_store_that_is_down_is_told_apart_from_a_hosts_own_failure(
+        storage: ObjectStorage, s3, run: Path, tmp_path: Path) -> None:
+    """A download the store broke off is a StoreTransferError (asked again later); one this
+    host's disk refused is a plain TransferError (it would fail the same way again)."""
+    src = tmp_path / "runs-a" / JOB
+    src.mkdir(parents=True)
+    _step(src, 2, {"__0_0.distcp": b"y" * 100})
+    upload_step(storage, job_id=JOB, run_dir=str(src), step=2, keep=1)
+    storage.write_marker(JOB, 2, {"step": 2})
+    gate = Gate((s3.host, s3.port))
+    try:
+        gated = _behind(storage, gate)
+        gate.close()
+        with pytest.raises(StoreTransferError, match="could not download the checkpoint of "
+                           "step 2 on .*AWS Error"):
+            restore_step(gated, job_id=JOB, run_dir=str(run), step=2)
+        gate.open()
+        assert restore_step(gated, job_id=JOB, run_dir=str(run), step=2)["files"] == 2
+    finally:
+        gate.close()
+    # this host's runs dir cannot hold the folder (a file where the runs dir goes)
+    (tmp_path / "runs-b").write_text("a file, not a folder")
+    with pytest.raises(TransferError, match="Not a directory") as err:
+        restore_step(storage, job_id=JOB, run_dir=str(tmp_path / "runs-b" / JOB), step=2)
+    assert not isinstance(err.value, StoreTransferError), err.value
+
+
+def test_restore_asks_a_store_that_is_down_again_and_names_it_when_it_stays_down(
+        storage: ObjectStorage, s3) -> None:
+    from orchestrator.runtime.checkpoint_uploads import restore
+
+    storage.write_marker(JOB, 8, {"step": 8})
+    cfg = SimpleNamespace(job_id=JOB, run_dir="/nonexistent")
+    gate = Gate((s3.host, s3.port))
+    heard: list[str] = []
+    try:
+        gated = _behind(storage, gate)
+        gate.close()
+        t0 = time.monotonic()
+        step, error, store_side = restore(cfg, gated, {}, wait_s=3.5, on_wait=heard.append)
+        waited = time.monotonic() - t0
+        assert (step, store_side) == (None, True) and error is not None
+        assert error.startswith("the job's checkpoints could not be listed: the checkpoint "
+                                f"store {storage.uri} ({gate.endpoint}) did not answer"), error
+        asked = re.search(r"\(asked (\d+) times over 3.5 s\)$", error)
+        assert asked and int(asked.group(1)) >= 2, error  # 1 s, then 2 s apart
+        assert waited >= 1.0
+        assert len(heard) == 1 and "asking again for up to 3.5 s" in heard[0], heard
+        # back within the wait: the restore goes on as if nothing happened
+        threading.Timer(1.5, gate.open).start()
+        assert restore(cfg, gated, {}, wait_s=30) == (8, None, False)
+    finally:
+        gate.close()

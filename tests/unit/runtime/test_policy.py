@@ -113,3 +113,16 @@ def test_policy_docstring_examples() -> None:
 def test_fewer_avoided_keeps_the_most_named_nodes_longest(
         avoid: set[str], failures: list[AttemptFailure], expected: list[list[str]]) -> None:
     assert fewer_avoided(avoid, failures) == expected
+
+
+def test_a_store_that_stayed_down_restarts_like_other_infrastructure_but_a_setup_error_fails(
+        ) -> None:
+    down = restart_decision(attempt=2, failed=2, max_failures=3,
+                            reason=Reason.STORE_UNAVAILABLE, message="the store did not answer")
+    assert down.outcome is Outcome.RESTART and "2 of 4 allowed" in down.message
+    spent = restart_decision(attempt=4, failed=4, max_failures=3,
+                             reason=Reason.STORE_UNAVAILABLE, message="the store did not answer")
+    assert (spent.outcome, spent.reason) == (Outcome.FAIL, Reason.MAX_FAILURES)
+    setup = restart_decision(attempt=2, failed=2, max_failures=3, reason=Reason.SETUP_ERROR,
+                             message="a host's disk cannot hold the checkpoint")
+    assert setup.outcome is Outcome.FAIL
