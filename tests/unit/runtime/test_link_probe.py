@@ -33,9 +33,16 @@ def _trickle(port: int, tag: str, *, seconds: float) -> None:
             time.sleep(0.032)
 
 
+def _until_counted(sink: _Sink, n: int, timeout_s: float = 30.0) -> None:
+    """Until the sink has counted `n` senders to their end (a generous bound)."""
+    deadline = time.monotonic() + timeout_s
+    while len(sink.got) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_the_trickling_sender_is_the_slow_end_and_a_stranger_is_ignored() -> None:
     fast, slow = "f" * 32, "s" * 32
-    sink = _Sink("127.0.0.1", [fast, slow], lifetime_s=4.0)
+    sink = _Sink("127.0.0.1", [fast, slow], lifetime_s=30.0)
     try:
         stranger = socket.create_connection(("127.0.0.1", sink.port))
         stranger.sendall(b"x" * 32 + bytes(1 << 20))
@@ -43,7 +50,7 @@ def test_the_trickling_sender_is_the_slow_end_and_a_stranger_is_ignored() -> Non
         t.start()
         sent = send_probe("127.0.0.1", sink.port, fast, nbytes=32 << 20, seconds=1.5)
         t.join()
-        time.sleep(0.3)
+        _until_counted(sink, 2)
     finally:
         sink.close()
         stranger.close()
@@ -64,7 +71,7 @@ def test_a_flood_of_strangers_does_not_keep_the_hosts_from_being_measured() -> N
     from orchestrator.runtime.link_probe import MAX_PENDING
 
     a, b = "a" * 32, "b" * 32
-    sink = _Sink("127.0.0.1", [a, b], lifetime_s=5.0)
+    sink = _Sink("127.0.0.1", [a, b], lifetime_s=60.0)
     strangers: list[socket.socket] = []
     try:
         for _ in range(MAX_PENDING + 100):  # silent: they never send a tag
@@ -83,7 +90,7 @@ def test_a_flood_of_strangers_does_not_keep_the_hosts_from_being_measured() -> N
                 replay.sendall(bytes(1 << 20))
         except OSError:
             pass  # closed by the sink: the tag was used
-        time.sleep(0.3)
+        _until_counted(sink, 2)
     finally:
         sink.close()
         for s in strangers:
