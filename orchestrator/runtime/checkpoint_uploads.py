@@ -77,14 +77,16 @@ def restore(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any]
             sleep: Callable[[float], None] = time.sleep) -> tuple[int | None, str | None, bool]:
     """(the step the hosts now hold, or None when the store has none; why not, or None;
     whether the store was what failed). A store that does not answer, or breaks off a
-    download, is asked again (1, 2, 4 ... 15 s apart) for up to `wait_s`; `on_wait` hears
-    the first miss. A host's own failure (its disk full, a link in its folder) ends at once."""
+    download, is asked again (1, 2, 4 ... 15 s apart) for up to `wait_s`, and at least once
+    (its client's own retries may take longer than the wait); `on_wait` hears the first
+    miss. A host's own failure (its disk full, a link in its folder) ends at once."""
     deadline = time.monotonic() + wait_s
     delay, tries = 1.0, 0
     while True:
         step, error, store_side = _restore_once(cfg, storage, hosts, timeout_s)
         tries += 1
-        if error is None or not store_side or time.monotonic() + delay > deadline:
+        if error is None or not store_side or \
+                (tries > 1 and time.monotonic() + delay > deadline):
             if error is not None and store_side and tries > 1:
                 error = f"{error} (asked {tries} times over {wait_s:g} s)"
             return step, error, store_side

@@ -239,8 +239,10 @@ def test_restore_asks_a_store_that_is_down_again_and_names_it_when_it_stays_down
         assert (step, store_side) == (None, True) and error is not None
         assert error.startswith("the job's checkpoints could not be listed: the checkpoint "
                                 f"store {storage.uri} ({gate.endpoint}) did not answer"), error
+        # at least twice (the first try's client retries may outlast the wait on a loaded
+        # host), 1 s apart
         asked = re.search(r"\(asked (\d+) times over 3.5 s\)$", error)
-        assert asked and int(asked.group(1)) >= 2, error  # 1 s, then 2 s apart
+        assert asked and int(asked.group(1)) >= 2, error
         assert waited >= 1.0
         assert len(heard) == 1 and "asking again for up to 3.5 s" in heard[0], heard
         # back within the wait: the restore goes on as if nothing happened
