@@ -40,7 +40,8 @@ def _cause(exc: BaseException) -> str:
 RESTORE_WAIT_S = 120.0  # how long a restarted attempt's hosts wait for a store that is down
 
 
-def _store_side(exc: BaseException) -> bool:
+def _store_failed(exc: BaseException) -> bool:
+    """A host's download raised StoreTransferError (through Ray: as its cause)."""
     from workers.host.checkpoint_transfer import StoreTransferError
 
     return isinstance(exc, StoreTransferError) or \
@@ -67,14 +68,13 @@ def _restore_once(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str
         try:
             ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - named in the attempt's failure
-            return None, f"{ip}: {_cause(exc)}", _store_side(exc)
+            return None, f"{ip}: {_cause(exc)}", _store_failed(exc)
     return step, None, False
 
 
 def restore(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any], *,
             timeout_s: float = 600.0, wait_s: float = RESTORE_WAIT_S,
-            on_wait: Callable[[str], None] | None = None,
-            sleep: Callable[[float], None] = time.sleep) -> tuple[int | None, str | None, bool]:
+            on_wait: Callable[[str], None] | None = None) -> tuple[int | None, str | None, bool]:
     """(the step the hosts now hold, or None when the store has none; why not, or None;
     whether the store was what failed). A store that does not answer, or breaks off a
     download, is asked again (1, 2, 4 ... 15 s apart) for up to `wait_s`, and at least once
@@ -93,7 +93,7 @@ def restore(cfg: AttemptConfig, storage: ObjectStorage, hosts: Mapping[str, Any]
         if tries == 1 and on_wait is not None:
             on_wait(f"the checkpoint store {storage.uri} failed the restore ({error}); asking "
                     f"again for up to {wait_s:g} s")
-        sleep(delay)
+        time.sleep(delay)
         delay = min(delay * 2, 15.0)
 
 

@@ -85,9 +85,8 @@ class AttemptWatchdog:
                 return self._stall_round(gang, due)
             if self.monitor.probe_due(now):
                 self._probe(gang)
-            self.slowdown.observe((float(t) for row in drained.metrics
-                                   if isinstance(t := row.get("step_time_s"), int | float)),
-                                  now_s=now)
+            self.slowdown.observe(float(t) for row in drained.metrics
+                                   if isinstance(t := row.get("step_time_s"), int | float))
             slower = self.slowdown.due(now_s=now)
             if slower is not None:
                 for event in measure_slow_links(gang, slower=slower):

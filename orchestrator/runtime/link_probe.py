@@ -121,14 +121,21 @@ class _Sink:
             self._pending[conn] = (b"", time.monotonic() + TAG_WAIT_S)
             self._sel.register(conn, selectors.EVENT_READ, None)
 
+    @staticmethod
+    def _recv(conn: socket.socket, n: int) -> bytes | None:
+        """Up to `n` bytes; None when none are there yet; b"" at the end or on an error."""
+        try:
+            return conn.recv(n)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+
     def _read_tag(self, conn: socket.socket) -> None:
         got, deadline = self._pending[conn]
-        try:
-            part = conn.recv(_TAG_LEN - len(got))
-        except (BlockingIOError, InterruptedError):
+        part = self._recv(conn, _TAG_LEN - len(got))
+        if part is None:
             return
-        except OSError:
-            part = b""
         if not part:
             self._drop(conn)
             return
@@ -149,12 +156,9 @@ class _Sink:
 
     def _read_data(self, conn: socket.socket) -> None:
         entry = self._open[conn]
-        try:
-            data = conn.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
+        data = self._recv(conn, 1 << 20)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._finish(conn)
             return
@@ -176,6 +180,14 @@ class _Sink:
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(conn)
         conn.close()
+
+    def wait_counted(self, n: int, *, timeout_s: float) -> bool:
+        """Until `n` senders are counted to their end (what is still in flight arrives), or
+        `timeout_s` passed; whether they were."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.got) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return len(self.got) >= n
 
     def rate(self, tag: str) -> float | None:
         with self._lock:

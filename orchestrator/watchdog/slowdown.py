@@ -6,9 +6,9 @@ controller then measures each host's link, orchestrator/runtime/link_probe.py). 
 spaced `every_s` apart and at most `max_checks` run per attempt.
 
 >>> w = SlowdownWatch(warmup=2, baseline_n=4, recent_n=3, every_s=60.0)
->>> w.observe([0.05] * 6, now_s=0.0); w.due(now_s=1.0) is None
+>>> w.observe([0.05] * 6); w.due(now_s=1.0) is None
 True
->>> w.observe([0.40] * 3, now_s=2.0); w.due(now_s=3.0)
+>>> w.observe([0.40] * 3); w.due(now_s=3.0)
 8.0
 >>> w.due(now_s=4.0) is None  # the next check 60 s after this one
 True
@@ -34,14 +34,14 @@ class SlowdownWatch:
     max_checks: int = 3
     _seen: int = 0
     _baseline: list[float] = field(default_factory=list)
-    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    _recent: deque[float] = field(init=False)
     _last_check_s: float | None = None
     _checks: int = 0
 
     def __post_init__(self) -> None:
         self._recent = deque(maxlen=self.recent_n)
 
-    def observe(self, step_times: Iterable[float], *, now_s: float) -> None:
+    def observe(self, step_times: Iterable[float]) -> None:
         for t in step_times:
             self._seen += 1
             if self._seen <= self.warmup:

@@ -40,3 +40,15 @@ def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
 def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 180.0) -> Any:
     return wait_for(store, job_id, lambda j: j.state in states, timeout_s=timeout_s,
                     what="/".join(states))
+
+
+def apply_controller_event(store: Store, job_id: str, payload: Any, *, attempt: int = 1) -> None:
+    """`payload` stored as the attempt's controller would send it (the poller's path), with
+    the default node-health policy."""
+    from orchestrator.nodes.health_policy import HealthPolicy
+    from orchestrator.runtime.attempt_events import AttemptEvents
+    from orchestrator.runtime.events import ControllerEvent
+
+    events = AttemptEvents(store, health_policy=HealthPolicy(), runs_dir=None,
+                           write_ranks=lambda *a: None)
+    events.apply(job_id, attempt, ControllerEvent(seq=1, payload=payload))

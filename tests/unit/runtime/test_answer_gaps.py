@@ -7,13 +7,11 @@ from __future__ import annotations
 import doctest
 from pathlib import Path
 
-from orchestrator.nodes.health_policy import HealthPolicy
 from orchestrator.runtime import answer_gaps
 from orchestrator.runtime.answer_gaps import AnswerGaps
-from orchestrator.runtime.attempt_events import AttemptEvents
-from orchestrator.runtime.events import ControllerEvent, LinkGap
+from orchestrator.runtime.events import LinkGap
 from orchestrator.store import open_store
-from tests.support.jobs import submit
+from tests.support.jobs import apply_controller_event, submit
 
 
 def test_docstring_examples() -> None:
@@ -83,10 +81,8 @@ def test_a_gap_is_stored_as_a_warning_naming_rank_host_and_seconds(tmp_path: Pat
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
     try:
         job_id = submit(store, {"name": "flap"})
-        events = AttemptEvents(store, health_policy=HealthPolicy(), runs_dir=None,
-                               write_ranks=lambda *a: None)
-        events.apply(job_id, 1, ControllerEvent(seq=1, payload=LinkGap(
-            rank=1, node="myl-h2", host="198.18.0.12", silent_s=5.4)))
+        apply_controller_event(store, job_id, LinkGap(
+            rank=1, node="myl-h2", host="198.18.0.12", silent_s=5.4))
         (ev,) = [e for e in store.list_events(job_id) if e.reason == "LINK_GAP"]
         assert ev.kind == "warning"
         assert ev.message.startswith("rank 1 on myl-h2 (198.18.0.12) answered no poll for 5.4 s")

@@ -13,13 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.nodes.health_policy import HealthPolicy
-from orchestrator.runtime.attempt_events import AttemptEvents
-from orchestrator.runtime.events import ControllerEvent, SlowLink
+from orchestrator.runtime.events import SlowLink
 from orchestrator.runtime.link_probe import _Sink, slow_ends
 from orchestrator.store import open_store
 from orchestrator.watchdog.slowdown import SlowdownWatch
-from tests.support.jobs import submit
+from tests.support.jobs import apply_controller_event, submit
 from workers.host.link_probe import send_probe
 
 
@@ -33,13 +31,6 @@ def _trickle(port: int, tag: str, *, seconds: float) -> None:
             time.sleep(0.032)
 
 
-def _until_counted(sink: _Sink, n: int, timeout_s: float = 30.0) -> None:
-    """Until the sink has counted `n` senders to their end (a generous bound)."""
-    deadline = time.monotonic() + timeout_s
-    while len(sink.got) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def test_the_trickling_sender_is_the_slow_end_and_a_stranger_is_ignored() -> None:
     fast, slow = "f" * 32, "s" * 32
     sink = _Sink("127.0.0.1", [fast, slow], lifetime_s=30.0)
@@ -50,7 +41,7 @@ def test_the_trickling_sender_is_the_slow_end_and_a_stranger_is_ignored() -> Non
         t.start()
         sent = send_probe("127.0.0.1", sink.port, fast, nbytes=32 << 20, seconds=1.5)
         t.join()
-        _until_counted(sink, 2)
+        assert sink.wait_counted(2, timeout_s=30.0)
     finally:
         sink.close()
         stranger.close()
@@ -90,7 +81,7 @@ def test_a_flood_of_strangers_does_not_keep_the_hosts_from_being_measured() -> N
                 replay.sendall(bytes(1 << 20))
         except OSError:
             pass  # closed by the sink: the tag was used
-        _until_counted(sink, 2)
+        assert sink.wait_counted(2, timeout_s=30.0)
     finally:
         sink.close()
         for s in strangers:
@@ -118,17 +109,17 @@ def test_docstring_examples() -> None:
 
 def test_a_gang_that_slows_together_is_due_once_a_minute_at_most_three_times() -> None:
     w = SlowdownWatch(warmup=10, baseline_n=20, recent_n=20)
-    w.observe([0.5] * 10 + [0.02] * 20, now_s=0.0)  # warm-up steps do not count
+    w.observe([0.5] * 10 + [0.02] * 20)  # warm-up steps do not count
     assert w.baseline_s == 0.02
-    w.observe([0.04] * 20, now_s=1.0)
+    w.observe([0.04] * 20)
     assert w.due(now_s=1.0) is None  # 2x: under the ratio
-    w.observe([0.3] * 20, now_s=2.0)
+    w.observe([0.3] * 20)
     assert w.due(now_s=2.0) == 15.0
     assert w.due(now_s=30.0) is None and w.due(now_s=62.0) == 15.0
     assert w.due(now_s=122.0) == 15.0 and w.due(now_s=999.0) is None  # three checks
     # a few slow steps (a checkpoint save) among fast ones: the median stays put
     v = SlowdownWatch(warmup=0, baseline_n=5, recent_n=5)
-    v.observe([0.02] * 5 + [0.02, 2.0, 0.02, 0.02, 3.0], now_s=0.0)
+    v.observe([0.02] * 5 + [0.02, 2.0, 0.02, 0.02, 3.0])
     assert v.due(now_s=0.0) is None
 
 
@@ -136,11 +127,9 @@ def test_a_slow_link_is_stored_as_a_warning_and_makes_its_node_suspect(tmp_path:
     store = open_store(f"sqlite:///{tmp_path / 'm.db'}")
     try:
         job_id = submit(store, {"name": "slow"})
-        events = AttemptEvents(store, health_policy=HealthPolicy(), runs_dir=None,
-                               write_ranks=lambda *a: None)
-        events.apply(job_id, 1, ControllerEvent(seq=1, payload=SlowLink(
+        apply_controller_event(store, job_id, SlowLink(
             node="myl-h2", host="198.18.0.12", gbps=0.00051, others_gbps=0.93, slower=14.2,
-            link="gloo-tcp")))
+            link="gloo-tcp"))
         (ev,) = [e for e in store.list_events(job_id) if e.reason == "SLOW_LINK"]
         assert ev.kind == "warning"
         assert ev.message.startswith("steps take 14.2x as long as this attempt's first ones "
