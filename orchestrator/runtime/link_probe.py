@@ -215,8 +215,8 @@ def probe_hosts(hosts: Mapping[str, Any], *, seconds: float = PROBE_S,
     try:
         refs = [w.send_probe.remote(sink.addr, sink.port, tags[ip], nbytes=nbytes,
                                     seconds=seconds) for ip, w in hosts.items()]
-        ray.wait(refs, num_returns=len(refs), timeout=seconds + 3.0)
-        time.sleep(0.2)  # the last bytes in flight
+        sent, _ = ray.wait(refs, num_returns=len(refs), timeout=seconds + 3.0)
+        sink.wait_counted(len(sent), timeout_s=1.0)  # the last bytes in flight
     finally:
         sink.close()
     return {ip: sink.rate(tag) for ip, tag in tags.items()}
