@@ -42,6 +42,7 @@ from typing import IO, Any
 from meshyard._protocol import PROGRESS_SUFFIX
 from orchestrator.spec import Watchdog
 from orchestrator.watchdog import probe_files
+from orchestrator.watchdog.exits import peer_lost
 from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
 from orchestrator.watchdog.locate import rank_locations
 from orchestrator.watchdog.log_elastic import FailureSummary
@@ -129,6 +130,7 @@ class LocalWatch:
         self._rounds = 0
         self._launcher_log: Path | None = None
         self._unclear_since: float | None = None
+        self._lost_peer_since: float | None = None
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -195,6 +197,15 @@ class LocalWatch:
                     self._unclear_since = now
                 if now - self._unclear_since < ROOT_CAUSE_WAIT_S:
                     return False  # the launcher may still say which rank failed first
+        if (dead and live and not final and not mon.reported
+                and all(peer_lost(w) for w in dead.values())):
+            # Every rank gone so far only lost a peer ("Connection closed by peer"): the peer
+            # that left first is still finishing (a clean leaver outlives, under load, the
+            # rank that then fails of it). Its own end names the culprit.
+            if self._lost_peer_since is None:
+                self._lost_peer_since = now
+            if now - self._lost_peer_since < ROOT_CAUSE_WAIT_S:
+                return False
         if not mon.reported and any(not w.startswith(_CLEAN) for w in why.values()):
             # A rank failed (or was killed). A clean exit alone is not news: the last ranks of
             # a finished job leave one by one; if the others then wait, the stall rule fires.

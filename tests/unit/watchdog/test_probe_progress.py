@@ -263,6 +263,48 @@ def test_a_rank_that_recorded_a_clean_exit_is_named_while_its_process_still_fina
     assert [list(r.culprit_ranks) for r in watch.reports] == [[1]]
 
 
+def test_a_rank_that_only_lost_its_peer_waits_for_the_peer_to_be_seen_leaving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 failed with "Connection closed by peer" and is gone; rank 1, which returned
+    early, has not recorded its exit yet (its process is still finalizing on a loaded host).
+    The watch does not blame rank 0 for losing its peer: it waits, names rank 1 once its
+    clean exit shows, and names rank 0 only when rank 1 never shows within the wait."""
+    from api.cli import local_watch
+    from api.cli.local_watch import ROOT_CAUSE_WAIT_S, LocalWatch
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
+    now = [0.0]
+
+    def watch_with_a_lost_rank_0(out: Path) -> LocalWatch:
+        w = LocalWatch(["true"], out=out, policy=Watchdog(stall_timeout_s=300),
+                       clock=lambda: now[0])
+        w._monitor = HangMonitor.from_spec(w.policy, world_size=2, now_s=0.0)
+        (out / "probe").mkdir(parents=True)
+        probe_files.progress_path(out / "probe", 0).write_text(json.dumps(
+            {"pid": 2**22 + 12345, "collectives": {"0": {"enqueued": 7, "completed": 6}},
+             "exited": {"error": "RuntimeError: Connection closed by peer [127.0.0.1]:4"}}))
+        probe_files.progress_path(out / "probe", 1).write_text(json.dumps(
+            {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}}}))
+        return w
+
+    w = watch_with_a_lost_rank_0(tmp_path / "a")
+    assert w._tick() is False and w.reports == []
+    now[0] = 2.0
+    probe_files.progress_path(tmp_path / "a" / "probe", 1).write_text(json.dumps(
+        {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}},
+         "exited": {"error": None}}))
+    assert w._tick() is True
+    assert [list(r.culprit_ranks) for r in w.reports] == [[1]]
+
+    now[0] = 0.0
+    w = watch_with_a_lost_rank_0(tmp_path / "b")
+    assert w._tick() is False
+    now[0] = ROOT_CAUSE_WAIT_S / 2
+    assert w._tick() is False and w.reports == []
+    now[0] = ROOT_CAUSE_WAIT_S + 1  # rank 1 never showed: rank 0's end is what is known
+    assert w._tick() is True and [list(r.culprit_ranks) for r in w.reports] == [[0]]
+
+
 def test_a_hostile_collective_count_is_capped_for_the_store() -> None:
     huge = {"0": {"enqueued": 10**30}, "1": {"enqueued": 5}, "2": {"enqueued": True}}
     assert probe_files.collective_count(huge) == probe_files.MAX_COLLECTIVES
