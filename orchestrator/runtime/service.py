@@ -13,8 +13,9 @@ detached: they keep training while the control plane is down and are picked up a
 Warm pool (orchestrator/runtime/pool.py), on by default: N pre-started worker actors per
 node (GPU nodes included; built-in and user-code jobs), N = `Settings.resolved_warm_pool`
 (MESHYARD_WARM_POOL; 2 on the embedded Ray, 1 per node on a Ray cluster) unless
-`Runtime(warm_pool=N)` says otherwise (0: every job starts cold). Filled at start, refilled
-after each job, drained at stop.
+`Runtime(warm_pool=N)` says otherwise (0: every job starts cold). Set up by the leader (at
+start, and by a standby when it takes over), refilled after each job, drained when the leader
+stops; a standby's start and stop leave it to the leader.
 """
 
 from __future__ import annotations
@@ -259,6 +260,8 @@ class Runtime:
         self._elected = threading.Event()  # set by the elector; the poll loop reconciles
         # Isolated mode: whether this host confines jobs (start() checks); None: trusted.
         self.isolation: HostCheck | None = None
+        # What the warm pool's actors are confined to, and the node they start nearest to.
+        self._pool_place: tuple[JobConfinement | None, str | None] = (None, None)
 
     def _quota_for(self, owner: str) -> Quota:
         """The owner's running limits: set for them, else the server's defaults (admins:
@@ -304,11 +307,7 @@ class Runtime:
                                    preempt_min_run_s=self.settings.preempt_min_run_s,
                                    checkpoint_storage=self.settings.checkpoint_storage,
                                    object_storage=object_storage)
-        if self.warm_pool > 0:
-            ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
-                        confinement=confinement, near_node_id=near)
-        else:
-            self._drain_pool()  # a pool left by an earlier start with the pool on
+        self._pool_place = (confinement, near)  # the leader sets the pool up (_reconcile)
         # One active scheduler per database (orchestrator/store/leader.py): the lock holder
         # schedules and polls; a standby serves the API's reads and takes over when it dies.
         self.elector = self._make_elector()
@@ -362,7 +361,8 @@ class Runtime:
             self.spares.close()
         if ray.is_initialized():
             self.samplers.close()
-        if self.warm_pool > 0 and ray.is_initialized():
+        if self.warm_pool > 0 and ray.is_initialized() and self.is_leader:
+            # A standby taking over fills it again (_reconcile).
             self._drain_pool()
         if self.elector is not None:
             self.elector.stop()  # releases the lock: a standby takes over on its next retry
@@ -389,6 +389,7 @@ class Runtime:
         """On becoming leader: a fresh poller reattaches to live controllers by name and
         replays from the stored cursors; orphans are swept; nodes are registered."""
         self._elected.clear()
+        self._set_up_pool()
         self.poller = Poller(self.store, launching=self._launching,
                              health_policy=self.settings.health_policy(),
                              runs_dir=Path(self.settings.resolved_runs_dir).resolve())
@@ -396,6 +397,18 @@ class Runtime:
         self.poller.tick()
         sweep_orphans(self.store, launching=self._launching, spares=self._spare_names())
         self._last_sweep = time.monotonic()
+
+    def _set_up_pool(self) -> None:
+        """The warm pool as this control plane's settings say: filled to `warm_pool` per
+        node, or drained when it is 0 (a pool left by an earlier start with the pool on).
+        Only the leader does this, at start and when it takes over: a standby's settings
+        never resize, and its stop never drains, the pool the leader's jobs use."""
+        confinement, near = self._pool_place
+        if self.warm_pool > 0:
+            ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
+                        confinement=confinement, near_node_id=near)
+        else:
+            self._drain_pool()
 
     def _spare_names(self) -> set[str]:
         return self.spares.names() if self.spares is not None else set()

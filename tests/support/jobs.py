@@ -37,6 +37,17 @@ def wait_for(store: Store, job_id: str, pred: Callable[[Any], bool], *,
                          f"events {events}")
 
 
+def until(pred: Callable[[], Any], *, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
+    """`pred()`'s first truthy value; fails after `timeout_s` (a generous bound) naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_state(store: Store, job_id: str, *states: JobState, timeout_s: float = 180.0) -> Any:
     return wait_for(store, job_id, lambda j: j.state in states, timeout_s=timeout_s,
                     what="/".join(states))

@@ -30,19 +30,10 @@ from tests.integration.runtime.conftest import (  # noqa: E402
     tiny_spec,
     write_cluster_file,
 )
+from tests.support.jobs import until  # noqa: E402
 
 TOKEN = "leader-serve-test-admin-token"
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
-
-
-def _until(pred: Any, *, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _leader_pid(engine: Any) -> int | None:
@@ -60,7 +51,7 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
                         cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(a)
         url_a = serve_url(tmp_path / "a", a, timeout_s=90)
-        _until(lambda: _leader_pid(engine) == a.pid, timeout_s=30, what="a leads", poll_s=0.1)
+        until(lambda: _leader_pid(engine) == a.pid, timeout_s=30, what="a leads", poll_s=0.1)
         b = start_serve(tmp_path / "b", token=TOKEN, address=ray_cluster.address,
                         cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(b)
@@ -71,7 +62,7 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
         specs = [tiny_spec(f"job-{i}", training={"steps": 40}) for i in range(3)]
         with MeshyardClient(url_a, TOKEN) as client:
             ids = [client.submit(s).id for s in specs]
-            running = _until(lambda: [j for j in ids if client.get_job(j).state.value
+            running = until(lambda: [j for j in ids if client.get_job(j).state.value
                                       == "RUNNING"] if _two_running(client, ids) else None,
                              timeout_s=180, what="two jobs running")
         with MeshyardClient(url_b, TOKEN) as client:  # the standby serves reads
@@ -80,13 +71,13 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
         killed_at = time.monotonic()
         a.send_signal(signal.SIGKILL)
         a.wait(10)
-        _until(lambda: _leader_pid(engine) == b.pid, timeout_s=30, what="b leads", poll_s=0.05)
+        until(lambda: _leader_pid(engine) == b.pid, timeout_s=30, what="b leads", poll_s=0.05)
         takeover = time.monotonic() - killed_at
         print(f"\ntwo `meshyard serve` on PostgreSQL: standby leads {takeover:.2f} s after "
               "kill -9 of the leader")
 
         with MeshyardClient(url_b, TOKEN) as client:
-            final = _until(lambda: _all_done(client, ids), timeout_s=240, what="all jobs done")
+            final = until(lambda: _all_done(client, ids), timeout_s=240, what="all jobs done")
             placements = {j: [e for e in client.events(j)
                               if e.kind == "state" and _val(e.dst) == "PLACING"] for j in ids}
             attempts = {j: [a_.state for a_ in client.attempts(j).items] for j in ids}

@@ -285,6 +285,67 @@ def test_workers_leased_by_a_controller_that_is_killed_are_killed_and_replaced(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_standby_leaves_the_pool_to_the_leader_and_fills_it_when_it_takes_over(
+        pooled, pool_settings, postgres_url):
+    """Two control planes on one PostgreSQL share the cluster's pool. The standby's settings
+    do not resize it and its stop does not drain it (a rolling restart of the standby leaves
+    the leader's jobs their warm workers); the leader's stop drains it, and the standby that
+    takes over fills it again at its own size. Ends with the pool drained."""
+    import ray
+
+    from orchestrator.runtime.pool import find_pool
+    from orchestrator.runtime.service import Runtime
+    from orchestrator.store import open_store
+    from tests.support.jobs import until
+
+    pool = find_pool()
+    assert pool is not None
+
+    def status() -> dict[str, Any]:
+        return ray.get(pool.status.remote(), timeout=30)
+
+    full = status()
+    assert full["size"] == 2 and not full["draining"]
+    idle = {n: r["idle"] for n, r in full["nodes"].items()}
+    assert idle and all(v == 2 for v in idle.values())
+    stores = [open_store(postgres_url) for _ in range(3)]
+    runtimes: list[Any] = []
+    try:
+        leader = Runtime(pool_settings, stores[0], tick_s=0.2, warm_pool=2)
+        runtimes.append(leader)
+        leader.start()
+        assert leader.is_leader
+        standby = Runtime(pool_settings, stores[1], tick_s=0.2, warm_pool=1)
+        runtimes.append(standby)
+        standby.start()
+        assert not standby.is_leader
+        standby.stop()
+        after = status()
+        assert after["size"] == 2 and not after["draining"], after
+        assert {n: r["idle"] for n, r in after["nodes"].items()} == idle
+
+        successor = Runtime(pool_settings, stores[2], tick_s=0.2, warm_pool=1)
+        runtimes.append(successor)
+        successor.start()
+        assert not successor.is_leader
+        leader.stop()  # drains: the successor takes over and fills it at its size
+        until(lambda: successor.is_leader, timeout_s=30, what="the standby leads")
+        refilled = until(
+            lambda: (st := status())["size"] == 1 and not st["draining"] and all(
+                r["idle"] == 1 for r in st["nodes"].values()) and st,
+            timeout_s=240, what="the pool filled by the new leader at its size")
+        assert set(refilled["nodes"]) == set(idle)
+        successor.stop()
+        assert status()["draining"]
+    finally:
+        for rt in runtimes:
+            rt.stop()
+        for st in stores:
+            st.close()
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pool_is_on_by_default_shown_on_cluster_page_and_metrics_and_drained_on_stop(
         settings, store, runtime):
