@@ -42,8 +42,8 @@ from typing import IO, Any
 from meshyard._protocol import PROGRESS_SUFFIX
 from orchestrator.spec import Watchdog
 from orchestrator.watchdog import probe_files
-from orchestrator.watchdog.exits import peer_lost
 from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
+from orchestrator.watchdog.exits import peer_lost
 from orchestrator.watchdog.locate import rank_locations
 from orchestrator.watchdog.log_elastic import FailureSummary
 from orchestrator.watchdog.monitor import HangMonitor

@@ -28,7 +28,7 @@ the hang watchdog's and the worker-death path's, not this.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _KEPT = 4  # answer times kept per rank
@@ -41,7 +41,8 @@ class AnswerGaps:
         self._missed: set[int] = set()
 
     def missed(self, rank: int) -> None:
-        """`rank`'s poll timed out in a tick where another rank answered."""
+        """`rank`'s poll went unanswered (timed out or failed) in a tick where another rank
+        answered."""
         self._missed.add(rank)
 
     def silent_for(self, rank: int, *, now: float) -> float:
@@ -56,6 +57,21 @@ class AnswerGaps:
         if not any(ts and ts[-1] > later for r, ts in self._times.items() if r != rank):
             return 0.0
         return round(max(0.0, now - last), 1)
+
+    def round(self, answered: Mapping[int, float], *, asked: Iterable[int]) -> dict[int, float]:
+        """One poll round: each rank in `answered` answered at its time; every other rank in
+        `asked` did not (its poll timed out, or failed at once: a connection that broke) and,
+        when any rank answered, is `missed`. The gaps the answers end, per rank."""
+        gaps = {}
+        for rank in sorted(answered, key=lambda r: answered[r]):
+            gap = self.answered(rank, at=answered[rank])
+            if gap is not None:
+                gaps[rank] = gap
+        if answered:
+            for rank in asked:
+                if rank not in answered:
+                    self.missed(rank)
+        return gaps
 
     def answered(self, rank: int, *, at: float) -> float | None:
         """Rank `rank`'s worker answered a poll at `at`; the silence it ends when it is a gap

@@ -280,16 +280,17 @@ class WorkerGang:
         # a slow or cut-off host: its calls are read next tick; a dead one's run ref reports it
         for key in sorted(k for k, e in errors.items() if isinstance(e, GetTimeoutError)):
             self._polls.setdefault(key[0], []).append(calls[key])
-        answered = {r for r, _ in polled}
-        timed_out = [r for r in live if r not in answered and r in self._polls]
+        # A rank that answered no call of this round (timed out, or failed at once: its
+        # connection broke) while others answered missed it: its silence is its own.
+        now = time.monotonic()
+        ended = self._answers.round({r: now for r, _ in polled}, asked=live)
+        for r, silent in sorted(ended.items()):
+            info = self.ranks[r]
+            gaps.append({"rank": r, "node": info.node or info.node_id, "host": info.ip,
+                         "silent_s": silent})
         for key in sorted(polled):  # a rank's older call first
             r = key[0]
             p: WorkerPoll = polled[key]
-            silent = self._answers.answered(r, at=time.monotonic())
-            if silent is not None:
-                info = self.ranks[r]
-                gaps.append({"rank": r, "node": info.node or info.node_id, "host": info.ip,
-                             "silent_s": silent})
             metrics.extend(p.metrics)
             logs.extend(p.logs)
             checkpoints.extend(p.checkpoints)
@@ -309,9 +310,6 @@ class WorkerGang:
             elif r in self._last_step:
                 upd["step"] = self._last_step[r]
             ranks[r] = upd
-        if polled:
-            for r in timed_out:
-                self._answers.missed(r)
         self._end_unreachable()
         for r, res in self._results.items():
             if res.failed:

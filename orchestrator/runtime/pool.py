@@ -31,8 +31,9 @@ Isolation between jobs (tests/integration/runtime/test_warm_pool.py):
 Lifecycle: `ensure_pool(size, prestart=)` gets or creates the detached pool and sets its size (the
 leading control plane's setting wins over a pool left by an earlier start; a standby leaves the
 pool alone until it takes over); a filler thread tops every node up to `size` and refills after
-each lease; `drain()` (the leader's shutdown) kills the idle actors and stops refilling. Leased actors stay with their jobs
-(controllers outlive the control plane) and are killed when handed back to a draining pool.
+each lease; `drain()` (the leader's shutdown) kills the idle actors and stops refilling.
+Leased actors stay with their jobs (controllers outlive the control plane) and are killed
+when handed back to a draining pool.
 The pool owns its actors, so the pool actor itself is never killed while jobs hold some.
 """
 

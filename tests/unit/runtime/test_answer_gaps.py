@@ -53,6 +53,29 @@ def test_two_flaps_of_one_rank_are_two_gaps() -> None:
     assert [(r, round(g)) for r, g in got] == [(0, 6), (2, 6)]
 
 
+def _rounds(gaps: AnswerGaps, *, until: float, silent: dict[int, tuple[float, float]],
+            ranks: int = 2, tick: float = 0.1) -> list[tuple[int, float]]:
+    """As the controller's drain asks: one round of polls every `tick` s, every rank asked;
+    rank r's poll fails at once (a broken connection, not a timeout) within silent[r]."""
+    out, t = [], 0.0
+    while t <= until:
+        answered = {r: t for r in range(ranks)
+                    if not silent.get(r, (-1.0, -1.0))[0] <= t < silent.get(r, (-1.0, -1.0))[1]}
+        out += sorted(gaps.round(answered, asked=range(ranks)).items())
+        t += tick
+    return out
+
+
+def test_a_rank_whose_polls_fail_fast_while_the_other_answers_every_tick_is_a_gap() -> None:
+    """Short ticks: the peer's few kept answer times all fall after the silence's middle, so
+    only the rounds the silent rank missed show it was its own silence, not the
+    controller's."""
+    got = _rounds(AnswerGaps(), until=20, silent={1: (6.0, 11.0)})
+    assert [(r, round(g)) for r, g in got] == [(1, 5)]
+    everyone = {0: (6.0, 11.0), 1: (6.0, 11.0)}  # no round answered: the controller's own
+    assert _rounds(AnswerGaps(), until=20, silent=everyone) == []
+
+
 def _blocking_ticks(gaps: AnswerGaps, *, down: tuple[float, float], until: float = 30,
                     timeout: float = 5.0) -> list[tuple[int, float]]:
     """As the controller polls: rank 0 then rank 1, each poll waiting up to `timeout`; rank
