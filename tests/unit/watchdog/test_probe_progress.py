@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,6 +193,21 @@ def test_a_stall_after_every_rank_exited_cleanly_is_the_end_not_a_hang(
     assert watch._tick() is True and len(watch.reports) == 1
 
 
+def _watch_of(out: Path, now: list[float], progress: dict[int, dict], *,
+              stall_timeout_s: float) -> Any:
+    """A LocalWatch of a 2-rank job on the clock `now[0]`, its probe files holding
+    `progress` per rank (nothing launched: the tests call `_tick` themselves)."""
+    from api.cli.local_watch import LocalWatch
+
+    w = LocalWatch(["true"], out=out, policy=Watchdog(stall_timeout_s=stall_timeout_s),
+                   clock=lambda: now[0])
+    w._monitor = HangMonitor.from_spec(w.policy, world_size=2, now_s=0.0)
+    (out / "probe").mkdir(parents=True)
+    for r, prog in progress.items():
+        probe_files.progress_path(out / "probe", r).write_text(json.dumps(prog))
+    return w
+
+
 def test_ranks_killed_together_wait_for_the_launchers_first_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gloo aborts rank 0 (SIGABRT) and torchrun kills rank 1 right after: seen gone in one
@@ -204,17 +220,11 @@ def test_ranks_killed_together_wait_for_the_launchers_first_failure(
     now = [0.0]
 
     def watch_with_dead_ranks(out: Path) -> LocalWatch:
-        w = LocalWatch(["true"], out=out, policy=Watchdog(stall_timeout_s=3),
-                       clock=lambda: now[0])
-        w._monitor = HangMonitor.from_spec(w.policy, world_size=2, now_s=0.0)
-        (out / "probe").mkdir(parents=True)
+        w = _watch_of(out, now, {r: {"pid": 2**22 + 12345 + r, "collectives": {
+            "0": {"enqueued": 4, "completed": 3}}} for r in (0, 1)}, stall_timeout_s=3)
         (out / "logs").mkdir()
         w._launcher_log = out / "logs" / "launcher.log"
         w._launcher_log.write_text("[rank1]: RuntimeError: Connection reset by peer\n")
-        for r in (0, 1):
-            probe_files.progress_path(out / "probe", r).write_text(json.dumps(
-                {"pid": 2**22 + 12345 + r, "collectives": {"0": {"enqueued": 4,
-                                                                 "completed": 3}}}))
         return w
 
     w = watch_with_dead_ranks(tmp_path / "a")
@@ -276,16 +286,11 @@ def test_a_rank_that_only_lost_its_peer_waits_for_the_peer_to_be_seen_leaving(
     now = [0.0]
 
     def watch_with_a_lost_rank_0(out: Path) -> LocalWatch:
-        w = LocalWatch(["true"], out=out, policy=Watchdog(stall_timeout_s=300),
-                       clock=lambda: now[0])
-        w._monitor = HangMonitor.from_spec(w.policy, world_size=2, now_s=0.0)
-        (out / "probe").mkdir(parents=True)
-        probe_files.progress_path(out / "probe", 0).write_text(json.dumps(
-            {"pid": 2**22 + 12345, "collectives": {"0": {"enqueued": 7, "completed": 6}},
-             "exited": {"error": "RuntimeError: Connection closed by peer [127.0.0.1]:4"}}))
-        probe_files.progress_path(out / "probe", 1).write_text(json.dumps(
-            {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}}}))
-        return w
+        return _watch_of(out, now, {
+            0: {"pid": 2**22 + 12345, "collectives": {"0": {"enqueued": 7, "completed": 6}},
+                "exited": {"error": "RuntimeError: Connection closed by peer [127.0.0.1]:4"}},
+            1: {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 6}}}},
+            stall_timeout_s=300)
 
     w = watch_with_a_lost_rank_0(tmp_path / "a")
     assert w._tick() is False and w.reports == []
