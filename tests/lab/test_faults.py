@@ -207,8 +207,12 @@ def test_full_run_dir_disk_fails_the_save_naming_host_and_path_and_nothing_half_
     saved = w.client("[[c.attempt, c.step] for c in c.checkpoints(JOB).items]")
     kept = sorted(step for attempt, step in saved if attempt == 1)
     assert kept and kept[-1] < unsaved and unsaved not in kept, (saved, unsaved)
-    rows = w.client("[[m.attempt, m.step] for m in c.metrics(JOB, rank=0).items]")
-    assert min(step for attempt, step in rows if attempt == 2) == kept[-1] + 1
+    # Rank 0's metric rows reach the store at the loop's sync steps, after the heartbeats that
+    # said attempt 2 is training: wait for its first ones
+    resumed = w.wait("attempt 2's metric rows", lambda w: [step for attempt, step in w.client(
+        "[[m.attempt, m.step] for m in c.metrics(JOB, rank=0).items]") if attempt == 2],
+        timeout=120)
+    assert min(resumed) == kept[-1] + 1
     w.cancel()
 
 
