@@ -129,8 +129,7 @@ class LocalWatch:
         self._gone: set[int] = set()
         self._rounds = 0
         self._launcher_log: Path | None = None
-        self._unclear_since: float | None = None
-        self._lost_peer_since: float | None = None
+        self._waits: dict[str, float] = {}  # why the diagnosis waits -> since when
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -192,20 +191,14 @@ class LocalWatch:
             first = self._root_cause()
             if first is not None and first in dead:
                 dead = {first: dead[first]}
-            elif not final and not mon.reported:
-                if self._unclear_since is None:
-                    self._unclear_since = now
-                if now - self._unclear_since < ROOT_CAUSE_WAIT_S:
-                    return False  # the launcher may still say which rank failed first
+            elif not final and not mon.reported and self._waiting("unclear", now):
+                return False  # the launcher may still say which rank failed first
         if (dead and live and not final and not mon.reported
-                and all(peer_lost(w) for w in dead.values())):
+                and all(peer_lost(w) for w in dead.values()) and self._waiting("lost peer", now)):
             # Every rank gone so far only lost a peer ("Connection closed by peer"): the peer
             # that left first is still finishing (a clean leaver outlives, under load, the
             # rank that then fails of it). Its own end names the culprit.
-            if self._lost_peer_since is None:
-                self._lost_peer_since = now
-            if now - self._lost_peer_since < ROOT_CAUSE_WAIT_S:
-                return False
+            return False
         if not mon.reported and any(not w.startswith(_CLEAN) for w in why.values()):
             # A rank failed (or was killed). A clean exit alone is not news: the last ranks of
             # a finished job leave one by one; if the others then wait, the stall rule fires.
@@ -226,6 +219,11 @@ class LocalWatch:
             if mon.keep_straggler(report):
                 self._publish(report)
         return False
+
+    def _waiting(self, why: str, now: float) -> bool:
+        """True while less than ROOT_CAUSE_WAIT_S has passed since the diagnosis first
+        waited for `why` (a bounded wait: after it, the watch names what it knows)."""
+        return now - self._waits.setdefault(why, now) < ROOT_CAUSE_WAIT_S
 
     def _root_cause(self) -> int | None:
         """The rank torchrun's failure summary names as the first observed failure, once it
