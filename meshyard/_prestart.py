@@ -29,9 +29,11 @@ Like the runner, it imports nothing of meshyard's control plane (user packages n
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
+from typing import Any
 
 READY = b"ready\n"
 NET_FD_VAR = "MESHYARD_CONFINE_NET_FD"  # workers/host/rankproc.py sets it at spawn
@@ -60,13 +62,12 @@ def _serve(stdin: int = 0) -> int:
     # request without waiting for this line)
     with contextlib.suppress(OSError):
         os.write(1, READY)
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(stdin, 1 << 20)
-        if not chunk:
-            return 0  # the actor closed the pipe: retired without a rank
-        data += chunk
-    req = json.loads(data)
+    req = _request(stdin)
+    if req is not None and "preflight" in req:
+        _answer(_preflight(req, base=[*spawned, *base]))
+        req = _request(stdin)
+    if req is None:
+        return 0  # the actor closed the pipe: retired without a rank
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -91,6 +92,76 @@ def _serve(stdin: int = 0) -> int:
     _openblas_threads(os.environ)
     sys.argv = [runner.__file__, *req["args"]]
     return runner.main(list(req["args"]))
+
+
+def _request(stdin: int) -> dict[str, Any] | None:
+    """The actor's next request line; None when it closed the pipe."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(stdin, 1 << 20)
+        if not chunk:
+            return None
+        data += chunk
+    req = json.loads(data)
+    return req if isinstance(req, dict) else None
+
+
+def _answer(out: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        os.write(1, json.dumps(out).encode() + b"\n")
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# meshyard's control-plane packages: the check imports them, the rank's code must not find
+# them (a user package of the same name imports as the user's own).
+CONTROL_PLANE = ("api", "orchestrator", "workers")
+
+
+def _preflight(req: dict[str, Any], *, base: list[str]) -> dict[str, Any]:
+    """The rank's pre-flight check, here, before this process becomes the rank
+    (workers/host/preflight.py `check_pickled`): with the rank's environment (its
+    CUDA_VISIBLE_DEVICES decides the device of the check's first CUDA call), one torch thread,
+    and meshyard's own import path, without the user's code or the spawn directory (`hide`).
+    Everything is put back after: environment, path, thread count, and the control-plane
+    modules the check imported are dropped. What the check printed goes to stderr; the answer
+    is {"out": the check's result} or {"error": why it did not run}, with `extra_threads`, the
+    threads the check left running (a confinement needs the process single-threaded)."""
+    import base64
+    import importlib
+
+    import torch
+
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    saved_threads, tasks = torch.get_num_threads(), _tasks()
+    hidden = {os.path.realpath(h) for h in req.get("hide") or ()}
+    hidden.add(os.path.realpath(os.getcwd()))
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)  # a print during the check is not the answer
+    answer: dict[str, Any]
+    try:
+        os.environ.clear()
+        os.environ.update(req.get("env") or {})
+        sys.path[:] = [p for p in base if p and os.path.realpath(p) not in hidden]
+        torch.set_num_threads(1)
+        check = importlib.import_module("workers.host.preflight").check_pickled
+        answer = {"out": check(base64.b64decode(req["preflight"]))}
+    except BaseException as exc:  # noqa: BLE001 - the actor fails the rank with it
+        answer = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        for name in [m for m in sys.modules if m.partition(".")[0] in CONTROL_PLANE]:
+            del sys.modules[name]
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        torch.set_num_threads(saved_threads)
+        os.dup2(answer_fd, 1)
+        os.close(answer_fd)
+    gc.collect()  # the check's groups: their gloo threads end when the last reference goes
+    answer["extra_threads"] = max(0, _tasks() - tasks)
+    return answer
 
 
 def _confine(req: dict[str, object]) -> int:

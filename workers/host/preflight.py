@@ -11,21 +11,18 @@ pass or all raise `PreflightFailed` naming the slow link (class, nodes, measured
 and its culprit ranks; the controller names their nodes and the node health ledger cordons
 them before the gang is placed again.
 
-The built-in loop calls `run_preflight` on its own process groups; a user-code rank runs
-`python -m workers.host.preflight` before its process starts (workers/usercode/rank.py).
+The built-in loop calls `run_preflight` on its own process groups; a user-code rank's process
+runs `check_pickled` before it becomes the rank (meshyard/_prestart.py, workers/usercode/rank.py).
 
 Cost on the default CPU job (2 ranks, gloo on one node, 1 MiB): see bench/README.md.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
-import sys
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,16 +142,15 @@ def run_preflight(cfg: Preflight, *, mesh: Any, rank: int, device: torch.device,
 
 # -- user-code ranks ----------------------------------------------------------------------------
 def check_user_rank(a: RankAssignment) -> dict[str, Any]:
-    """The check for a user-code rank, before the user's process starts: in the rank's worker
-    actor for a CPU rank, else in a short-lived process (`python -m workers.host.preflight
-    ASSIGNMENT RESULT`); workers/usercode/rank.py chooses.
+    """The check for a user-code rank, before the user's code runs: in the process that then
+    becomes the rank (meshyard/_prestart.py, `check_pickled`; workers/usercode/rank.py).
 
     Its gang is the job's ranks on a rendezvous of its own (MASTER_ADDR and
     `a.preflight_port`, not MASTER_PORT, which the user's code uses), on the same device the
     rank's code gets (cuda:LOCAL_RANK among the node's job GPUs, else the CPU), with the mesh
-    of the spec's parallelism. The user's process starts after the check's group is
-    destroyed, in a process of its own: it finds no process group, no CUDA context and no
-    module of meshyard's control plane.
+    of the spec's parallelism. The user's code starts after the check's group is destroyed:
+    it finds no process group and no module of meshyard's control plane (the same device's
+    CUDA context, on a GPU rank, is the one its code would create).
     Returns {"ok": True, summary...} or {"ok": False, "message": the failure}.
     """
     from meshyard.parallel import backend_for, join_process_group
@@ -182,15 +178,11 @@ def check_user_rank(a: RankAssignment) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-def main(argv: list[str]) -> int:
-    assignment, result = Path(argv[0]), Path(argv[1])
-    a = pickle.loads(assignment.read_bytes())  # noqa: S301 - written by this rank's actor
-    out = check_user_rank(a)
-    tmp = result.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(result)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def check_pickled(assignment: bytes) -> dict[str, Any]:
+    """`check_user_rank` of a pickled RankAssignment, as the rank's own process runs it
+    before it becomes the rank (meshyard/_prestart.py: the actor sends the pickle over the
+    process's stdin pipe, so no file stands between them)."""
+    a = pickle.loads(assignment)  # noqa: S301 - from this rank's actor, over a private pipe
+    if not isinstance(a, RankAssignment):
+        raise TypeError(f"expected a RankAssignment, got {type(a).__name__}")
+    return check_user_rank(a)

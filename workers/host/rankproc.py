@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshyard._confine import ConfineError, Plan, apply
 
@@ -265,18 +266,30 @@ class PrestartedRank:
                  env: Mapping[str, str], ports: tuple[int, ...] | None = None) -> None:
         self._proc: subprocess.Popen[bytes] | None = proc
         self.python, self.env, self.ports = python, dict(env), ports
+        self._ready, self._pending = False, b""
         _WAITING[proc.pid] = proc
 
     @classmethod
     def spawn(cls, *, python: str, env: Mapping[str, str], cwd: str,
-              net: tuple[int, tuple[int, ...]] | None = None) -> PrestartedRank:
-        """Starts one in its own session with `env` (the worker's allowlisted environment:
-        no secret) minus the thread-count variables (the rank's own apply at its request;
-        OpenBLAS starts no thread before it: a confinement needs a single thread). `net`:
-        (descriptor, ports) of the TCP layer it confines itself with at its request.
+              net: tuple[int, tuple[int, ...]] | None = None,
+              hide: Iterable[str] = ()) -> PrestartedRank:
+        """Starts one in its own session with `env` (the worker's allowlisted environment)
+        minus the thread-count variables (the rank's own apply at its request; OpenBLAS
+        starts no thread before it: a confinement needs a single thread), minus Ray's
+        (RAY_*: a token or an address; the rank's own environment has them where the job may
+        see them, and the process keeps the one it started with in /proc/self/environ), and
+        with PYTHONPATH's entries under `hide` dropped (the user's code must not shadow what
+        it imports before its request). `net`: (descriptor, ports) of the TCP layer it
+        confines itself with at its request.
         Call it from a thread that lives as long as the actor: the rank sets
         PR_SET_PDEATHSIG, which fires when the thread that started it exits."""
-        spawn_env = {k: v for k, v in env.items() if k not in _THREAD_VARS}
+        spawn_env = {k: v for k, v in env.items()
+                     if k not in _THREAD_VARS and not k.startswith("RAY_")}
+        hidden = {os.path.realpath(h) for h in hide}
+        if hidden and spawn_env.get("PYTHONPATH"):
+            spawn_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in spawn_env["PYTHONPATH"].split(os.pathsep)
+                if p and os.path.realpath(p) not in hidden)
         spawn_env.update(PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
         if net is not None:
             spawn_env[NET_FD_VAR] = str(net[0])
@@ -290,15 +303,68 @@ class PrestartedRank:
         proc = self._proc
         if proc is None or proc.stdout is None:
             return proc is not None and proc.poll() is None
-        ready = _read_line(proc.stdout.fileno(), timeout_s=timeout_s)
-        if ready or proc.poll() is not None:  # read it (or it died): no more to wait for
-            proc.stdout.close()
-            proc.stdout = None
-        return ready == b"ready\n" and proc.poll() is None
+        if not self._ready:
+            self._ready = self._line(timeout_s) == b"ready\n"
+        return self._ready and proc.poll() is None
+
+    def _line(self, timeout_s: float) -> bytes | None:
+        """The next complete line it wrote to its stdout within `timeout_s`, else None
+        (a partial line is kept for the next call)."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return None
+        self._pending += _read_line(proc.stdout.fileno(), timeout_s=timeout_s)
+        line, sep, rest = self._pending.partition(b"\n")
+        if not sep:
+            return None
+        self._pending = rest
+        return line + sep
+
+    def preflight(self, assignment: bytes, *, env: Mapping[str, str], hide: Iterable[str],
+                  stop: threading.Event, tick_s: float = 0.2) -> dict[str, Any] | None:
+        """Runs the rank's pre-flight check in this process before it becomes the rank
+        (meshyard/_prestart.py `_preflight`): `assignment` is the pickled RankAssignment,
+        `env` the rank's environment, `hide` the paths kept off the check's import path.
+        Returns its answer ({"out": ...} or {"error": ...}, and "extra_threads"); None when
+        the process ended first, or `stop` was set (the process is then retired)."""
+        import base64
+
+        def waiting() -> bool:  # False: stopped (the process is retired) or it ended
+            if stop.is_set():
+                self.close()
+            return self._proc is not None and self._proc.poll() is None
+
+        while not self._ready:
+            if not waiting():
+                return None
+            self.wait_ready(timeout_s=tick_s)
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return None
+        req = {"preflight": base64.b64encode(assignment).decode(), "env": dict(env),
+               "hide": [str(h) for h in hide]}
+        try:
+            proc.stdin.write(json.dumps(req).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            return None
+        while (line := self._line(tick_s)) is None:
+            if not waiting():
+                return None
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    def returncode(self) -> int | None:
+        """Its exit code once it ended by itself (None while it waits, or once handed or
+        closed)."""
+        return self._proc.poll() if self._proc is not None else None
 
     def fits(self, argv: list[str], env: Mapping[str, str],
              confine: Confinement | None = None) -> bool:
@@ -366,6 +432,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(OSError):
         if proc.stdin is not None:
             proc.stdin.close()
+    with contextlib.suppress(OSError):
+        if proc.stdout is not None:
+            proc.stdout.close()
     try:
         proc.wait(2)
     except subprocess.TimeoutExpired:

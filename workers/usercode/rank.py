@@ -5,10 +5,10 @@
 1. the code's directory on this node: an uploaded package unpacked by Ray's working_dir
    (`<actor cwd>/meshyard-code`), a path the spec names, or the job's run dir;
 2. the rank's argv and environment (workers/usercode/environment.py); with the pre-flight check
-   on (and more than one rank), first the check, on a rendezvous port of its own: in this actor for
-   a CPU rank, in a short-lived process with the rank's environment for a GPU rank
-   (`python -m workers.host.preflight`); a failed check ends the rank as `PreflightFailed` before
-   the user's code starts, as the built-in loop's does;
+   on (and more than one rank), first the check, on a rendezvous port of its own, in the
+   process that then becomes the rank (a prestarted one, meshyard/_prestart.py, started now
+   when the actor has none), so torch is imported once for both; a failed check ends the rank
+   as `PreflightFailed` before the user's code starts, as the built-in loop's does;
 3. one process (workers/host/rankproc.py) in the code's directory: started now, or, on a pooled
    actor, the process it started before the job (meshyard/_prestart.py: torch already
    imported) made into the same rank;
@@ -44,6 +44,7 @@ from meshyard import _protocol as proto
 from meshyard._confine import ConfineError
 from orchestrator.bounds.limits import MAX_STEPS
 from orchestrator.isolation import runfiles
+from orchestrator.isolation.worker_env import allowlisted
 from orchestrator.usercode.packages import CODE_DIR
 from orchestrator.watchdog import probe_files
 from orchestrator.watchdog.evidence_files import rank_dir, stamp_now
@@ -61,6 +62,9 @@ from workers.host.rankproc import (
 from workers.usercode.environment import rank_argv, rank_env
 
 _TICK_S = 0.2
+# Where meshyard's packages live (the directory holding `meshyard/`): the working directory
+# a rank's check process starts in, so nothing of the job's is first on its path.
+MESHYARD_ROOT = str(Path(proto.__file__).resolve().parent.parent)
 PROBE_SUBDIR = "probe"
 PROBE_ANSWER_S = 10.0  # the first Flight Recorder dump of a process can take seconds
 
@@ -243,7 +247,7 @@ def run_user_rank(a: RankAssignment, *, sink: Sink, stop: threading.Event,
     try:
         return _run_rank(a, env=env, where=where, report=report, probe_dir=probe_dir,
                          sink=sink, stop=stop, prestarted=prestarted, on_start=on_start,
-                         confine=confine, hide=(actor_cwd, str(where)), t0=t0)
+                         confine=confine, actor_cwd=actor_cwd, t0=t0)
     except ConfineError as exc:
         return _setup_failure(a, str(exc))
     finally:
@@ -260,15 +264,44 @@ def _confinement(a: RankAssignment, *, code_dir: str) -> Confinement:
 def _run_rank(a: RankAssignment, *, env: dict[str, str], where: Path, report: Path,
               probe_dir: Path, sink: Sink, stop: threading.Event,
               prestarted: PrestartedRank | None, on_start: Any, confine: Confinement | None,
-              hide: tuple[str, ...], t0: float) -> RankResult:
+              actor_cwd: str, t0: float) -> RankResult:
     ep = a.spec.entrypoint
     assert ep is not None
-    if a.runs_user_preflight:
-        failed = _preflight(a, env=env, stop=stop, sink=sink, hide=hide, confine=confine)
-        if failed is not None:
-            return failed
-    tail, seen = LineTail(report, beneath=a.run_dir), _Seen()
     argv = rank_argv(ep, python=sys.executable)
+    spawned: PrestartedRank | None = None
+    try:
+        if a.runs_user_preflight:
+            if prestarted is None or prestarted.pid is None or prestarted.returncode() is not None:
+                # the process that runs the check and then becomes the rank: one torch
+                # import for both. It starts in meshyard's own directory with the code off
+                # its path: what it imports before its request is meshyard's.
+                prestarted = spawned = PrestartedRank.spawn(
+                    python=sys.executable, env=allowlisted(os.environ), cwd=MESHYARD_ROOT,
+                    net=(confine.net_fd, confine.plan.denied_ports) if confine else None,
+                    hide=(actor_cwd, str(where)))
+            failed, extra = _preflight(a, proc=prestarted, env=env, stop=stop, sink=sink,
+                                       hide=(actor_cwd, str(where)))
+            if failed is not None:
+                return failed
+            if extra and confine is not None:
+                sink.log("log", f"INFO the rank process starts cold: the pre-flight check left "
+                         f"{extra} thread(s) running in the process that would have become "
+                         "the rank, and a confinement needs a single thread")
+                prestarted.close()
+                prestarted = None
+        return _follow_rank(a, argv=argv, env=env, where=where, report=report,
+                            probe_dir=probe_dir, sink=sink, stop=stop, prestarted=prestarted,
+                            on_start=on_start, confine=confine, t0=t0)
+    finally:
+        if spawned is not None:
+            spawned.close()  # not handed (a failed check, a misfit): never reused
+
+
+def _follow_rank(a: RankAssignment, *, argv: list[str], env: dict[str, str], where: Path,
+                 report: Path, probe_dir: Path, sink: Sink, stop: threading.Event,
+                 prestarted: PrestartedRank | None, on_start: Any,
+                 confine: Confinement | None, t0: float) -> RankResult:
+    tail, seen = LineTail(report, beneath=a.run_dir), _Seen()
     proc = prestarted.hand(argv, env=env, cwd=str(where), stdout=a.log_path("stdout"),
                            stderr=a.log_path("stderr"), confine=confine) \
         if prestarted is not None else None
@@ -300,64 +333,37 @@ def _run_rank(a: RankAssignment, *, env: dict[str, str], where: Path, report: Pa
     return _outcome(a, rc, seen=seen, stopped=stopped, seconds=time.time() - t0)
 
 
-def _preflight(a: RankAssignment, *, env: dict[str, str], stop: threading.Event, sink: Sink,
-               hide: tuple[str, ...], confine: Confinement | None) -> RankResult | None:
-    """Runs the pre-flight check for rank `a.rank` (see the module doc); None when it passed,
-    else how the rank ended. It sends no heartbeat (the rank's process has not started yet).
-
-    A CPU rank (gloo) runs it here, in this actor, which has torch imported already: a process
-    of its own would cost an `import torch` per rank, more than the check. A GPU rank runs it
-    in a process of its own, so that this actor holds no CUDA context: in the log dir with the
-    user's code off its path (the user's own `workers` or `orchestrator` package cannot shadow
-    meshyard's)."""
+def _preflight(a: RankAssignment, *, proc: PrestartedRank, env: dict[str, str],
+               stop: threading.Event, sink: Sink, hide: tuple[str, ...]
+               ) -> tuple[RankResult | None, int]:
+    """Runs the pre-flight check for rank `a.rank` in `proc`, the process that then becomes
+    the rank (PrestartedRank.preflight: torch is imported once for both, and a GPU rank's
+    check creates the CUDA context its code would, on the same device; the user's code and
+    the spawn directory are off the check's import path). Returns (None when it passed,
+    else how the rank ended; the threads the check left running). It sends no heartbeat
+    (the user's code has not started yet)."""
     t0 = time.time()
-    if _checks_here(a):
-        from workers.host.preflight import check_user_rank
-
-        try:
-            out = check_user_rank(a)
-        except Exception as exc:  # noqa: BLE001 - the rank ends with it, as the process would
-            return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightError",
-                              message=f"the pre-flight check did not run: "
-                              f"{type(exc).__name__}: {exc}"[:2000],
-                              seconds=time.time() - t0)
-        return _preflight_outcome(a, out, rc=None, t0=t0, sink=sink, where="in the worker")
-    job_file, result = a.log_path("preflight.pickle"), a.log_path("preflight.json")
-    result.unlink(missing_ok=True)
-    with open(job_file, "wb", opener=private_opener) as f:
-        pickle.dump(a, f)
-    hidden = {Path(h).resolve() for h in hide}
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-             if p and Path(p).resolve() not in hidden]
-    child_env = dict(env, PYTHONPATH=os.pathsep.join(paths))
-    proc = RankProcess([sys.executable, "-m", "workers.host.preflight", str(job_file), str(result)],
-                       env=child_env, cwd=a.log_dir, confine=confine).start()
-    while (rc := proc.wait(_TICK_S)) is None:
+    answer = proc.preflight(pickle.dumps(a), env=env, hide=hide, stop=stop)
+    if answer is None:
         if stop.is_set():
-            proc.terminate(grace_s=STOP_GRACE_S)
-            return RankResult(rank=a.rank, state=WorkerState.STOPPED, seconds=time.time() - t0)
-    proc.kill_tree()
-    job_file.unlink(missing_ok=True)
-    out = runfiles.read_json(a.run_dir, result)
-    return _preflight_outcome(a, out, rc=rc, t0=t0, sink=sink, where="process")
+            return RankResult(rank=a.rank, state=WorkerState.STOPPED,
+                              seconds=time.time() - t0), 0
+        return _preflight_outcome(a, None, rc=proc.returncode(), t0=t0, sink=sink), 0
+    if "error" in answer:
+        return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightError",
+                          message=f"the pre-flight check did not run: {answer['error']}"[:2000],
+                          seconds=time.time() - t0), 0
+    extra = answer.get("extra_threads")
+    return (_preflight_outcome(a, answer.get("out"), rc=None, t0=t0, sink=sink),
+            extra if isinstance(extra, int) else 0)
 
 
-def _checks_here(a: RankAssignment) -> bool:
-    """The check runs in this actor: a CPU rank, and no process group of this actor's open."""
-    import torch.distributed as dist
-
-    from workers.host.env import select_device
-
-    return (select_device(a.spec, local_rank=a.dist.local_rank).type == "cpu"
-            and not (dist.is_available() and dist.is_initialized()))
-
-
-def _preflight_outcome(a: RankAssignment, out: Any, *, rc: int | None, t0: float, sink: Sink,
-                       where: str) -> RankResult | None:
+def _preflight_outcome(a: RankAssignment, out: Any, *, rc: int | None, t0: float,
+                       sink: Sink) -> RankResult | None:
     if isinstance(out, dict) and out.get("ok"):
         sink.log("log", f"INFO pre-flight check passed in {float(out['seconds']):.3f} s "
-                 f"({out['tests']} tests of {int(out['bytes']) / 2**20:g} MiB, {where} "
-                 f"{time.time() - t0:.1f} s)")
+                 f"({out['tests']} tests of {int(out['bytes']) / 2**20:g} MiB, in the rank's "
+                 f"process {time.time() - t0:.1f} s)")
         return None
     if isinstance(out, dict) and out.get("message"):
         return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightFailed",

@@ -159,9 +159,10 @@ def test_a_script_job_from_the_pool_runs_as_it_does_cold_and_isolated(
         pooled, pool_store, pool_settings, cold):
     """The shadow script (own api / workers / orchestrator packages, a gloo all-reduce,
     three reports) cold (pool at 0) and then twice from the pool (its directory, then as an
-    uploaded package): the same events, metrics, environment and module resolution; the pooled rank is the actor's prestarted process
-    (meshyard/_prestart.py), a new one per job; nothing of the first pooled job's
-    environment reaches the second, and no control-plane variable reaches either."""
+    uploaded package): the same events, metrics, environment and module resolution; the pooled
+    rank is the actor's prestarted process (meshyard/_prestart.py), a new one per job; nothing
+    of the first pooled job's environment reaches the second, and no control-plane variable
+    reaches either."""
     from tests.integration.runtime.usercode_helpers import rank_json, ship
 
     runtime, store, settings = pooled, pool_store, pool_settings
@@ -186,8 +187,10 @@ def test_a_script_job_from_the_pool_runs_as_it_does_cold_and_isolated(
     assert [(m.rank, m.step, m.loss) for m in store.list_metrics(warm_id)] == \
         [(m.rank, m.step, m.loss) for m in store.list_metrics(cold_id)]
     for r in (0, 1):
-        assert c[r]["cmdline"][1:3] == ["-m", "meshyard.runner"]
-        assert w[r]["cmdline"][1:3] == n[r]["cmdline"][1:3] == ["-m", "meshyard._prestart"]
+        # Every rank ran its pre-flight check in the process that then became the rank: the
+        # cold one started for it (the job's own), the pooled ones the pool had started.
+        assert c[r]["cmdline"][1:3] == w[r]["cmdline"][1:3] == n[r]["cmdline"][1:3] == [
+            "-m", "meshyard._prestart"]
         assert w[r]["pid"] != n[r]["pid"]  # one process per rank, never reused
         # RAY_JOB_ID names the Ray job the worker actor was created under: the detached pool's
         # (which outlives the driver that made it) or the attempt controller's; RAY_RAYLET_PID

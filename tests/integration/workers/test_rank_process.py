@@ -209,8 +209,8 @@ def test_a_prestarted_rank_runs_the_script_as_a_cold_start_would(tmp_path: Path)
 def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
         tmp_path: Path) -> None:
     """A rank process's end kills every descendant of the actor (what a script left running),
-    but not the prestarted process waiting for the next rank: the pre-flight check's process
-    ends before the user's rank is handed to it."""
+    but not the prestarted process waiting for the next rank (a pooled actor's, or the one
+    the next rank's pre-flight check runs in before it becomes that rank)."""
     from workers.host.rankproc import PrestartedRank, RankProcess
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
@@ -259,3 +259,96 @@ def _children_of(pid: int) -> list[int]:
     from workers.host.rankproc import descendants
 
     return sorted(descendants(pid))
+
+
+SHADOWED = textwrap.dedent("""
+    import json, os, sys
+    import orchestrator, workers
+    json.dump({"pid": os.getpid(), "workers": workers.OWNER, "orchestrator": orchestrator.OWNER,
+               "cmdline": open("/proc/self/cmdline").read().split("\\0")},
+              open(os.environ["OUT"], "w"))
+""")
+
+
+def _user_packages(where: Path, owner: str) -> None:
+    for pkg in ("workers", "orchestrator"):
+        (where / pkg).mkdir(parents=True)
+        (where / pkg / "__init__.py").write_text(f"OWNER = {owner!r}\n")
+
+
+# One rank of a user-code job started as its worker actor starts it (run_user_rank), in a
+# process of its own as an actor is: what that process imported is the actor's cost.
+ONE_RANK = textwrap.dedent("""
+    import json, sys, threading
+    from orchestrator.spec import parse_spec
+    from workers.host.assignment import DistEnv, RankAssignment
+    from workers.usercode.rank import run_user_rank
+
+    code, actor_cwd, run, r, port, master = sys.argv[1:7]
+    r, port, master = int(r), int(port), int(master)
+
+    class Sink:
+        heartbeat = last_step = None
+
+        def __init__(self):
+            self.lines = []
+
+        def metric(self, row):
+            pass
+
+        def log(self, stream, line):
+            self.lines.append(line)
+
+    spec = parse_spec({"name": "pf", "parallelism": {"dp_replicate": 2},
+                       "resources": {"device": "cpu"},
+                       "entrypoint": {"command": ["python", "train.py"], "working_dir": code,
+                                      "env": {"OUT": f"{run}/out-{r}.json"}}})
+    a = RankAssignment(job_id="pf", attempt=1, rank=r, spec=spec, run_dir=run,
+                       log_dir=f"{run}/logs", preflight_port=port,
+                       dist=DistEnv(rank=r, local_rank=r, world_size=2, local_world_size=2,
+                                    master_addr="127.0.0.1", master_port=master))
+    assert a.runs_user_preflight
+    sink = Sink()
+    result = run_user_rank(a, sink=sink, stop=threading.Event(), actor_cwd=actor_cwd)
+    print(json.dumps({"state": str(result.state), "message": result.message, "log": sink.lines,
+                      "torch": "torch" in sys.modules}))
+""")
+
+
+def test_the_preflight_check_runs_in_the_process_that_then_becomes_the_rank(
+        tmp_path: Path) -> None:
+    """A 2-rank user-code job started as its worker actors start it (run_user_rank, no pooled
+    process): each rank's check runs in a process that imports torch once and then becomes
+    the rank (the rank's code runs in that same process), the worker side imports no torch,
+    the check's imports of meshyard's `workers` and `orchestrator` do not reach the user's
+    code (its own packages of those names import), and neither the worker's directory nor
+    the code directory is on the check's import path, though both are on the worker's (a
+    `workers` package in the worker's directory raises on import; the user's has no
+    `workers.host.preflight`)."""
+    from workers.host.env import free_port
+
+    code, actor_cwd, run = tmp_path / "code", tmp_path / "actor", tmp_path / "run"
+    _user_packages(code, "user's own")
+    (code / "train.py").write_text(SHADOWED)
+    (actor_cwd / "workers").mkdir(parents=True)
+    (actor_cwd / "workers" / "__init__.py").write_text("raise ImportError('planted')\n")
+    run.mkdir()
+    repo = str(Path(__file__).resolve().parents[3])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHYARD_", "OMP_"))}
+    # the worker's path has its own directory and the code first, as Ray's working_dir gives
+    env["PYTHONPATH"] = os.pathsep.join([str(actor_cwd), str(code), repo])
+    ports = [str(free_port()), str(free_port())]
+    workers = [subprocess.Popen([PY, "-c", ONE_RANK, str(code), str(actor_cwd), str(run), str(r),
+                                 *ports], env=env, cwd=repo, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for r, w in enumerate(workers):
+        out, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err[-3000:]
+        rank = json.loads(out.strip().splitlines()[-1])
+        assert rank["torch"] is False  # the worker's side: the check ran in the rank's process
+        assert rank["state"] == "completed", rank
+        assert any("pre-flight check passed" in x and "in the rank's process" in x
+                   for x in rank["log"]), rank["log"]
+        seen = json.loads((run / f"out-{r}.json").read_text())
+        assert seen["cmdline"][:3] == [PY, "-m", "meshyard._prestart"]  # the check's process
+        assert (seen["workers"], seen["orchestrator"]) == ("user's own", "user's own")
