@@ -22,6 +22,14 @@ PYTHONPATH / PYTHONUNBUFFERED, a different LD_PRELOAD / LD_LIBRARY_PATH, a sitec
 usercustomize module on the new PYTHONPATH. No CUDA call is made before the request, so an
 idle process holds no GPU memory and CUDA_VISIBLE_DEVICES from `env` decides its devices.
 
+Before that request the actor may send one pre-flight request::
+
+    {"preflight": base64 pickle of the RankAssignment, "env": {the rank's}, "hide": [paths]}
+
+A child forked from this process runs the rank's pre-flight check and this process answers
+one JSON line on stdout ({"out": the check's result} or {"error": ...}); the check's process
+groups, CUDA context and imports end with the child.
+
 Like the runner, it imports nothing of meshyard's control plane (user packages named `api`,
 `workers` or `orchestrator` import as the user's own).
 """
@@ -29,7 +37,6 @@ Like the runner, it imports nothing of meshyard's control plane (user packages n
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -111,57 +118,65 @@ def _answer(out: dict[str, Any]) -> None:
         os.write(1, json.dumps(out).encode() + b"\n")
 
 
-def _tasks() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-# meshyard's control-plane packages: the check imports them, the rank's code must not find
-# them (a user package of the same name imports as the user's own).
-CONTROL_PLANE = ("api", "orchestrator", "workers")
-
-
 def _preflight(req: dict[str, Any], *, base: list[str]) -> dict[str, Any]:
-    """The rank's pre-flight check, here, before this process becomes the rank
-    (workers/host/preflight.py `check_pickled`): with the rank's environment (its
+    """The rank's pre-flight check (workers/host/preflight.py `check_pickled`), run in a child
+    forked from this process, which has imported torch and is single-threaded: the check pays
+    no import of its own, and this process stays as a cold rank's would be, with no process
+    group, Flight Recorder entry or group id used, CUDA context, thread or module of
+    meshyard's control plane of the check's. The child runs with the rank's environment (its
     CUDA_VISIBLE_DEVICES decides the device of the check's first CUDA call), one torch thread,
-    and meshyard's own import path, without the user's code or the spawn directory (`hide`).
-    Everything is put back after: environment, path, thread count, and the control-plane
-    modules the check imported are dropped. What the check printed goes to stderr; the answer
-    is {"out": the check's result} or {"error": why it did not run}, with `extra_threads`, the
-    threads the check left running (a confinement needs the process single-threaded)."""
+    and meshyard's own import path without the user's code or the spawn directory (`hide`);
+    what it prints goes to stderr. Returns {"out": the check's result} or {"error": why there
+    is none}."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _check_child(req, base=base, answer_fd=write_end)  # never returns
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    code = os.waitstatus_to_exitcode(status)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+    return {"error": f"the check's process {how} without an answer"}
+
+
+def _check_child(req: dict[str, Any], *, base: list[str], answer_fd: int) -> None:
     import base64
+    import ctypes
     import importlib
+    import signal
 
-    import torch
-
-    saved_env, saved_path = dict(os.environ), list(sys.path)
-    saved_threads, tasks = torch.get_num_threads(), _tasks()
-    hidden = {os.path.realpath(h) for h in req.get("hide") or ()}
-    hidden.add(os.path.realpath(os.getcwd()))
-    answer_fd = os.dup(1)
-    os.dup2(2, 1)  # a print during the check is not the answer
     answer: dict[str, Any]
     try:
+        with contextlib.suppress(OSError, AttributeError):  # dies with this rank's process
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        os.dup2(2, 1)  # a print during the check is not the answer
+        hidden = {os.path.realpath(h) for h in req.get("hide") or ()}
+        hidden.add(os.path.realpath(os.getcwd()))
         os.environ.clear()
         os.environ.update(req.get("env") or {})
         sys.path[:] = [p for p in base if p and os.path.realpath(p) not in hidden]
+        import torch
+
         torch.set_num_threads(1)
         check = importlib.import_module("workers.host.preflight").check_pickled
         answer = {"out": check(base64.b64decode(req["preflight"]))}
     except BaseException as exc:  # noqa: BLE001 - the actor fails the rank with it
         answer = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    try:
+        os.write(answer_fd, json.dumps(answer).encode())
     finally:
-        for name in [m for m in sys.modules if m.partition(".")[0] in CONTROL_PLANE]:
-            del sys.modules[name]
-        os.environ.clear()
-        os.environ.update(saved_env)
-        sys.path[:] = saved_path
-        torch.set_num_threads(saved_threads)
-        os.dup2(answer_fd, 1)
-        os.close(answer_fd)
-    gc.collect()  # the check's groups: their gloo threads end when the last reference goes
-    answer["extra_threads"] = max(0, _tasks() - tasks)
-    return answer
+        os._exit(0)
 
 
 def _confine(req: dict[str, object]) -> int:

@@ -322,10 +322,10 @@ class PrestartedRank:
 
     def preflight(self, assignment: bytes, *, env: Mapping[str, str], hide: Iterable[str],
                   stop: threading.Event, tick_s: float = 0.2) -> dict[str, Any] | None:
-        """Runs the rank's pre-flight check in this process before it becomes the rank
-        (meshyard/_prestart.py `_preflight`): `assignment` is the pickled RankAssignment,
-        `env` the rank's environment, `hide` the paths kept off the check's import path.
-        Returns its answer ({"out": ...} or {"error": ...}, and "extra_threads"); None when
+        """Runs the rank's pre-flight check from this process before it becomes the rank
+        (meshyard/_prestart.py `_preflight`: in a child it forks): `assignment` is the
+        pickled RankAssignment, `env` the rank's environment, `hide` the paths kept off the
+        check's import path. Returns its answer ({"out": ...} or {"error": ...}); None when
         the process ended first, or `stop` was set (the process is then retired)."""
         import base64
 

@@ -7,8 +7,9 @@
 2. the rank's argv and environment (workers/usercode/environment.py); with the pre-flight check
    on (and more than one rank), first the check, on a rendezvous port of its own, in the
    process that then becomes the rank (a prestarted one, meshyard/_prestart.py, started now
-   when the actor has none), so torch is imported once for both; a failed check ends the rank
-   as `PreflightFailed` before the user's code starts, as the built-in loop's does;
+   when the actor has none; a child it forks runs the check), so torch is imported once for
+   both; a failed check ends the rank as `PreflightFailed` before the user's code starts, as
+   the built-in loop's does;
 3. one process (workers/host/rankproc.py) in the code's directory: started now, or, on a pooled
    actor, the process it started before the job (meshyard/_prestart.py: torch already
    imported) made into the same rank;
@@ -279,16 +280,10 @@ def _run_rank(a: RankAssignment, *, env: dict[str, str], where: Path, report: Pa
                     python=sys.executable, env=allowlisted(os.environ), cwd=MESHYARD_ROOT,
                     net=(confine.net_fd, confine.plan.denied_ports) if confine else None,
                     hide=(actor_cwd, str(where)))
-            failed, extra = _preflight(a, proc=prestarted, env=env, stop=stop, sink=sink,
-                                       hide=(actor_cwd, str(where)))
+            failed = _preflight(a, proc=prestarted, env=env, stop=stop, sink=sink,
+                                hide=(actor_cwd, str(where)))
             if failed is not None:
                 return failed
-            if extra and confine is not None:
-                sink.log("log", f"INFO the rank process starts cold: the pre-flight check left "
-                         f"{extra} thread(s) running in the process that would have become "
-                         "the rank, and a confinement needs a single thread")
-                prestarted.close()
-                prestarted = None
         return _follow_rank(a, argv=argv, env=env, where=where, report=report,
                             probe_dir=probe_dir, sink=sink, stop=stop, prestarted=prestarted,
                             on_start=on_start, confine=confine, t0=t0)
@@ -334,36 +329,31 @@ def _follow_rank(a: RankAssignment, *, argv: list[str], env: dict[str, str], whe
 
 
 def _preflight(a: RankAssignment, *, proc: PrestartedRank, env: dict[str, str],
-               stop: threading.Event, sink: Sink, hide: tuple[str, ...]
-               ) -> tuple[RankResult | None, int]:
-    """Runs the pre-flight check for rank `a.rank` in `proc`, the process that then becomes
-    the rank (PrestartedRank.preflight: torch is imported once for both, and a GPU rank's
-    check creates the CUDA context its code would, on the same device; the user's code and
-    the spawn directory are off the check's import path). Returns (None when it passed,
-    else how the rank ended; the threads the check left running). It sends no heartbeat
-    (the user's code has not started yet)."""
+               stop: threading.Event, sink: Sink, hide: tuple[str, ...]) -> RankResult | None:
+    """Runs the pre-flight check for rank `a.rank` from `proc`, the process that then becomes
+    the rank (PrestartedRank.preflight: a child it forks runs the check, so torch is imported
+    once for the check and the rank, and the rank's process keeps nothing of the check's).
+    None when it passed, else how the rank ended. It sends no heartbeat (the user's code has
+    not started yet)."""
     t0 = time.time()
     answer = proc.preflight(pickle.dumps(a), env=env, hide=hide, stop=stop)
     if answer is None:
         if stop.is_set():
-            return RankResult(rank=a.rank, state=WorkerState.STOPPED,
-                              seconds=time.time() - t0), 0
-        return _preflight_outcome(a, None, rc=proc.returncode(), t0=t0, sink=sink), 0
+            return RankResult(rank=a.rank, state=WorkerState.STOPPED, seconds=time.time() - t0)
+        return _preflight_outcome(a, None, rc=proc.returncode(), t0=t0, sink=sink)
     if "error" in answer:
         return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightError",
                           message=f"the pre-flight check did not run: {answer['error']}"[:2000],
-                          seconds=time.time() - t0), 0
-    extra = answer.get("extra_threads")
-    return (_preflight_outcome(a, answer.get("out"), rc=None, t0=t0, sink=sink),
-            extra if isinstance(extra, int) else 0)
+                          seconds=time.time() - t0)
+    return _preflight_outcome(a, answer.get("out"), rc=None, t0=t0, sink=sink)
 
 
 def _preflight_outcome(a: RankAssignment, out: Any, *, rc: int | None, t0: float,
                        sink: Sink) -> RankResult | None:
     if isinstance(out, dict) and out.get("ok"):
         sink.log("log", f"INFO pre-flight check passed in {float(out['seconds']):.3f} s "
-                 f"({out['tests']} tests of {int(out['bytes']) / 2**20:g} MiB, in the rank's "
-                 f"process {time.time() - t0:.1f} s)")
+                 f"({out['tests']} tests of {int(out['bytes']) / 2**20:g} MiB, forked from the "
+                 f"rank's process {time.time() - t0:.1f} s)")
         return None
     if isinstance(out, dict) and out.get("message"):
         return RankResult(rank=a.rank, state=WorkerState.ERROR, error_type="PreflightFailed",

@@ -262,9 +262,21 @@ def _children_of(pid: int) -> list[int]:
 
 
 SHADOWED = textwrap.dedent("""
-    import json, os, sys
+    import json, os, pickle, sys
+    before = sorted(m for m in sys.modules if m.partition(".")[0] in
+                    ("api", "orchestrator", "workers", "pydantic"))
     import orchestrator, workers
+    import torch, torch.distributed as dist
+    fresh = not dist.is_initialized()
+    dist.init_process_group("gloo")
+    for _ in range(2):
+        dist.all_reduce(torch.ones(4))
+    fr = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    dist.destroy_process_group()
     json.dump({"pid": os.getpid(), "workers": workers.OWNER, "orchestrator": orchestrator.OWNER,
+               "before": before, "fresh": fresh, "fr_status": sorted(fr.get("pg_status") or {}),
+               "fr_seqs": [(e["process_group"][0], e["collective_seq_id"])
+                           for e in fr.get("entries") or ()],
                "cmdline": open("/proc/self/cmdline").read().split("\\0")},
               open(os.environ["OUT"], "w"))
 """)
@@ -318,13 +330,14 @@ ONE_RANK = textwrap.dedent("""
 def test_the_preflight_check_runs_in_the_process_that_then_becomes_the_rank(
         tmp_path: Path) -> None:
     """A 2-rank user-code job started as its worker actors start it (run_user_rank, no pooled
-    process): each rank's check runs in a process that imports torch once and then becomes
-    the rank (the rank's code runs in that same process), the worker side imports no torch,
-    the check's imports of meshyard's `workers` and `orchestrator` do not reach the user's
-    code (its own packages of those names import), and neither the worker's directory nor
-    the code directory is on the check's import path, though both are on the worker's (a
-    `workers` package in the worker's directory raises on import; the user's has no
-    `workers.host.preflight`)."""
+    process): each rank's check runs in a child forked from a process that imported torch
+    once and then becomes the rank (the rank's code runs in that same process), the worker
+    side imports no torch, the rank's process holds nothing of the check's (no module of
+    meshyard's control plane, process group, group id or Flight Recorder entry: the user's
+    own packages named `workers` and `orchestrator` import, its recorder starts at seq 1 of
+    group "0"), and neither the worker's directory nor the code directory is on the check's
+    import path, though both are on the worker's (a `workers` package in the worker's
+    directory raises on import; the user's has no `workers.host.preflight`)."""
     from workers.host.env import free_port
 
     code, actor_cwd, run = tmp_path / "code", tmp_path / "actor", tmp_path / "run"
@@ -347,8 +360,11 @@ def test_the_preflight_check_runs_in_the_process_that_then_becomes_the_rank(
         rank = json.loads(out.strip().splitlines()[-1])
         assert rank["torch"] is False  # the worker's side: the check ran in the rank's process
         assert rank["state"] == "completed", rank
-        assert any("pre-flight check passed" in x and "in the rank's process" in x
+        assert any("pre-flight check passed" in x and "forked from the rank's process" in x
                    for x in rank["log"]), rank["log"]
         seen = json.loads((run / f"out-{r}.json").read_text())
-        assert seen["cmdline"][:3] == [PY, "-m", "meshyard._prestart"]  # the check's process
+        assert seen["cmdline"][:3] == [PY, "-m", "meshyard._prestart"]  # started for the check
         assert (seen["workers"], seen["orchestrator"]) == ("user's own", "user's own")
+        # nothing of the check's: no module, process group, group id or recorder entry
+        assert seen["before"] == [] and seen["fresh"] is True
+        assert seen["fr_status"] == ["0"] and seen["fr_seqs"] == [["0", 1], ["0", 2]]
