@@ -52,14 +52,18 @@ def _startup_path(cwd: str, pythonpath: str | None, *, base: list[str]) -> list[
     return [cwd, *extra, *[p for p in base if p not in extra]]
 
 
-def _serve(stdin: int = 0) -> int:
+def _serve(stdin: int = 0, *, dynamo: bool = True) -> int:
+    """`dynamo` False (`--without-dynamo`): torch and torch.distributed only, for a process
+    started for its rank's pre-flight check; the rank's code imports the rest if it uses it."""
     from meshyard import runner
 
     runner._die_with_parent()  # MESHYARD_PARENT_PID: the worker actor that started this
     import torch
-    import torch._dynamo  # noqa: F401 - DDP / FSDP construction and optimizers import it: ~2 s
     import torch.distributed  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+
+    if dynamo:
+        import torch._dynamo  # noqa: F401 - DDP / FSDP construction and optimizers import it
+        import torch.nn.parallel  # noqa: F401
 
     from meshyard import _probe, parallel, train  # noqa: F401
 
@@ -226,6 +230,6 @@ def _openblas_threads(env: dict[str, str] | os._Environ[str]) -> None:
 
 
 if __name__ == "__main__":
-    code = _serve()
+    code = _serve(dynamo="--without-dynamo" not in sys.argv[1:])
     sys.stdout.flush()
     sys.exit(code)

@@ -272,7 +272,7 @@ class PrestartedRank:
     @classmethod
     def spawn(cls, *, python: str, env: Mapping[str, str], cwd: str,
               net: tuple[int, tuple[int, ...]] | None = None,
-              hide: Iterable[str] = ()) -> PrestartedRank:
+              hide: Iterable[str] = (), dynamo: bool = True) -> PrestartedRank:
         """Starts one in its own session with `env` (the worker's allowlisted environment)
         minus the thread-count variables (the rank's own apply at its request; OpenBLAS
         starts no thread before it: a confinement needs a single thread), minus Ray's
@@ -280,7 +280,9 @@ class PrestartedRank:
         see them, and the process keeps the one it started with in /proc/self/environ), and
         with PYTHONPATH's entries under `hide` dropped (the user's code must not shadow what
         it imports before its request). `net`: (descriptor, ports) of the TCP layer it
-        confines itself with at its request.
+        confines itself with at its request. `dynamo` False: it imports torch and
+        torch.distributed only, not torch._dynamo (a process started for one rank's check:
+        the rank's code imports what it uses).
         Call it from a thread that lives as long as the actor: the rank sets
         PR_SET_PDEATHSIG, which fires when the thread that started it exits."""
         spawn_env = {k: v for k, v in env.items()
@@ -293,7 +295,8 @@ class PrestartedRank:
         spawn_env.update(PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1")
         if net is not None:
             spawn_env[NET_FD_VAR] = str(net[0])
-        proc = subprocess.Popen([python, *PRESTART], env=spawn_env, cwd=cwd,
+        argv = [python, *PRESTART, *(() if dynamo else ("--without-dynamo",))]
+        proc = subprocess.Popen(argv, env=spawn_env, cwd=cwd,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 start_new_session=True, pass_fds=(net[0],) if net else ())
         return cls(proc, python=python, env=spawn_env, ports=net[1] if net else None)

@@ -274,12 +274,13 @@ def _run_rank(a: RankAssignment, *, env: dict[str, str], where: Path, report: Pa
         if a.runs_user_preflight:
             if prestarted is None or prestarted.pid is None or prestarted.returncode() is not None:
                 # the process that runs the check and then becomes the rank: one torch
-                # import for both. It starts in meshyard's own directory with the code off
-                # its path: what it imports before its request is meshyard's.
+                # import for both (torch._dynamo only if the rank's code wants it). It
+                # starts in meshyard's own directory with the code off its path: what it
+                # imports before its request is meshyard's.
                 prestarted = spawned = PrestartedRank.spawn(
                     python=sys.executable, env=allowlisted(os.environ), cwd=MESHYARD_ROOT,
                     net=(confine.net_fd, confine.plan.denied_ports) if confine else None,
-                    hide=(actor_cwd, str(where)))
+                    hide=(actor_cwd, str(where)), dynamo=False)
             failed = _preflight(a, proc=prestarted, env=env, stop=stop, sink=sink,
                                 hide=(actor_cwd, str(where)))
             if failed is not None:

@@ -363,7 +363,7 @@ def test_the_preflight_check_runs_in_the_process_that_then_becomes_the_rank(
         assert any("pre-flight check passed" in x and "forked from the rank's process" in x
                    for x in rank["log"]), rank["log"]
         seen = json.loads((run / f"out-{r}.json").read_text())
-        assert seen["cmdline"][:3] == [PY, "-m", "meshyard._prestart"]  # started for the check
+        assert seen["cmdline"][:4] == [PY, "-m", "meshyard._prestart", "--without-dynamo"]
         assert (seen["workers"], seen["orchestrator"]) == ("user's own", "user's own")
         # nothing of the check's: no module, process group, group id or recorder entry
         assert seen["before"] == [] and seen["fresh"] is True
