@@ -105,6 +105,13 @@ class Answers:
         return True
 
 
+def _by_rank(calls: dict[tuple[int, int], Any]) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {}
+    for (r, _), ref in sorted(calls.items()):
+        out.setdefault(r, []).append(ref)
+    return out
+
+
 def gather_answers(refs: dict[Any, Any], *, timeout_s: float,
                    cut_off: set[Any] | Callable[[], set[Any]] | None = None,
                    grace_s: float = CUT_OFF_GRACE_S) -> tuple[dict[Any, Any], dict[Any, Any]]:
@@ -274,9 +281,10 @@ class WorkerGang:
         gaps: list[dict[str, Any]] = self._round_gaps
         self._round_gaps = []
         cut_off = self.cut_off()
-        polled, errors = gather_answers(calls, timeout_s=CALL_TIMEOUT_S,
-                                        cut_off={k for k in calls if k[0] in cut_off},
-                                        grace_s=1.0)
+        answers = Answers(calls, timeout_s=CALL_TIMEOUT_S,
+                          cut_off={k for k in calls if k[0] in cut_off}, grace_s=1.0)
+        answers.wait()
+        polled, errors = answers.values, answers.errors
         # a slow or cut-off host: its calls are read next tick; a dead one's run ref reports it
         for key in sorted(k for k, e in errors.items() if isinstance(e, GetTimeoutError)):
             self._polls.setdefault(key[0], []).append(calls[key])
@@ -284,6 +292,14 @@ class WorkerGang:
         # connection broke) while others answered missed it: its silence is its own.
         now = time.monotonic()
         ended = self._answers.round({r: now for r, _ in polled}, asked=live)
+        # A poll sent this tick that came back `min_s` or more after its peers' (a poll is
+        # served at once): the rank's link dropped and came back while the call was out.
+        newest = {r: len(calls_r) - 1 for r, calls_r in _by_rank(calls).items()}
+        late = late_answers({r: 0.0 for (r, i) in polled if i == newest[r]},
+                            {r: t for (r, i), t in answers.arrived.items()
+                             if i == newest[r] and (r, i) in polled},
+                            sent=answers.start, min_s=self._answers.min_s)
+        ended.update({r: t for r, t in late.items() if r not in ended})
         for r, silent in sorted(ended.items()):
             info = self.ranks[r]
             gaps.append({"rank": r, "node": info.node or info.node_id, "host": info.ip,
