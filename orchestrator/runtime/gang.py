@@ -105,13 +105,6 @@ class Answers:
         return True
 
 
-def _by_rank(calls: dict[tuple[int, int], Any]) -> dict[int, list[Any]]:
-    out: dict[int, list[Any]] = {}
-    for (r, _), ref in sorted(calls.items()):
-        out.setdefault(r, []).append(ref)
-    return out
-
-
 def gather_answers(refs: dict[Any, Any], *, timeout_s: float,
                    cut_off: set[Any] | Callable[[], set[Any]] | None = None,
                    grace_s: float = CUT_OFF_GRACE_S) -> tuple[dict[Any, Any], dict[Any, Any]]:
@@ -294,7 +287,7 @@ class WorkerGang:
         ended = self._answers.round({r: now for r, _ in polled}, asked=live)
         # A poll sent this tick that came back `min_s` or more after its peers' (a poll is
         # served at once): the rank's link dropped and came back while the call was out.
-        newest = {r: len(calls_r) - 1 for r, calls_r in _by_rank(calls).items()}
+        newest = {r: i for r, i in sorted(calls)}  # the highest index: this tick's call
         late = late_answers({r: 0.0 for (r, i) in polled if i == newest[r]},
                             {r: t for (r, i), t in answers.arrived.items()
                              if i == newest[r] and (r, i) in polled},
