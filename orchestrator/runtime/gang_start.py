@@ -25,6 +25,7 @@ from orchestrator.runtime.pool import find_pool
 from orchestrator.spec import SpecKind
 from workers.host.actor import WorkerActor
 from workers.host.assignment import DistEnv, RankAssignment
+from workers.host.forkserver import runtime_env
 
 CALL_TIMEOUT_S = 5.0
 
@@ -70,7 +71,7 @@ class GangStart:
         # Ray's runtime-env agent, held while the actor lives); see usercode/packages.py.
         extra: dict[str, Any] = {}
         if self.cfg.package_uri:
-            extra["runtime_env"] = {"working_dir": self.cfg.package_uri}
+            extra["working_dir"] = self.cfg.package_uri
         actors = []
         for i, b in enumerate(self.cfg.bundles):
             if i in pooled:
@@ -79,7 +80,7 @@ class GangStart:
             actors.append(WorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=b.cpus, num_gpus=1 if b.gpu is not None else 0, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=i), **extra,
+                    pg, placement_group_bundle_index=i), runtime_env=runtime_env(extra),
             ).remote())
         self._actors = actors
         infos = self._gather([a.info.remote() for a in actors], self.cfg.init_timeout_s)

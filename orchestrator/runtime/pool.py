@@ -96,6 +96,7 @@ class WorkerPool:
 
     def _top_up(self, node: str) -> None:
         from workers.host.actor import WorkerActor
+        from workers.host.forkserver import runtime_env
 
         with self._lock:
             have = len(self._idle.get(node, [])) + self._out(node) + \
@@ -105,7 +106,7 @@ class WorkerPool:
                 return
             self._starting[node] = self._starting.get(node, 0) + need
         actors = [WorkerActor.options(  # type: ignore[attr-defined]
-            num_cpus=0, max_restarts=0,
+            num_cpus=0, max_restarts=0, runtime_env=runtime_env(),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
             for _ in range(need)]
         ready = []

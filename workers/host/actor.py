@@ -47,6 +47,7 @@ from workers.host.assignment import (
     WorkerPoll,
     WorkerState,
 )
+from workers.host.forkserver import apply_thread_counts
 from workers.host.logcapture import LogCapture, private_opener
 from workers.host.rankproc import PrestartedRank, StopRequest, alive, become_subreaper
 from workers.host.sampling import ProcessSampler
@@ -168,6 +169,7 @@ class WorkerActor:
         kept = allowlisted(os.environ)
         os.environ.clear()
         os.environ.update(kept)
+        apply_thread_counts()  # forked from the fork server: torch is imported already
         self._stop = StopRequest()
         self._buf = _Buffer(rank=-1)
         self._state = WorkerState.IDLE

@@ -47,9 +47,12 @@ class NodeShare:
 
 
 def _raylet_args() -> dict[str, str]:
-    """The raylet's `--name=value` arguments (the actor's parent process is the raylet)."""
+    """The raylet's `--name=value` arguments (Ray gives its workers the raylet's pid in
+    RAY_RAYLET_PID; a worker Ray started itself is the raylet's child, one forked by
+    workers/host/forkserver.py is not)."""
+    raylet = os.environ.get("RAY_RAYLET_PID", "")
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        with open(f"/proc/{raylet if raylet.isdigit() else os.getppid()}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return {}
