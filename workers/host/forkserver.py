@@ -126,7 +126,8 @@ def serve(path: str, *, idle_s: float = IDLE_S) -> int:
             elif kind == "child":
                 conn, pidfd = children.pop(pid)
                 sel.unregister(pidfd)
-                sel.unregister(conn)
+                if conn in sel.get_map():  # not when its client is gone already
+                    sel.unregister(conn)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
                 with contextlib.suppress(OSError):

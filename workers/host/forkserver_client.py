@@ -113,21 +113,31 @@ def connect_or_start(path: str, *, python: str) -> socket.socket:
 
 
 def run(conn: socket.socket, worker_args: list[str]) -> int:
-    """Hands the worker to the server; returns the status to exit with (-signal: killed)."""
+    """Hands the worker to the server; returns the status to exit with (-signal: killed).
+    A signal that arrives before the worker's pid is known is delivered once it is."""
+    worker: list[int] = []
+    pending: list[int] = []
+
+    def forward(sig: int, _frame: object) -> None:
+        if not worker:
+            pending.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker[0], sig)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
     req = json.dumps({"argv": worker_args, "env": dict(os.environ), "cwd": os.getcwd()})
     conn.sendmsg([req.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                    array.array("i", [0, 1, 2]))])
     reply = json.loads(conn.recv(1 << 16) or b"{}")
     if "pid" not in reply:
+        if pending:  # killed while asking: no worker to start
+            return -pending[0]
         raise Unavailable(reply.get("error", "the server closed the connection"))
-    pid = int(reply["pid"])
-
-    def forward(sig: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    worker.append(int(reply["pid"]))
+    for sig in pending:
+        forward(sig, None)
     try:
         data = conn.recv(1 << 16)
         if data:
@@ -136,7 +146,7 @@ def run(conn: socket.socket, worker_args: list[str]) -> int:
         pass
     # The server is gone (its worker is not its child any more): wait for the worker itself.
     with contextlib.suppress(OSError):
-        pidfd = os.pidfd_open(pid)
+        pidfd = os.pidfd_open(worker[0])
         select.select([pidfd], [], [])
     return 1
 

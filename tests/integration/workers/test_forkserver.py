@@ -1,0 +1,232 @@
+"""The fork server's protocol, without Ray: the client is run as Ray runs it (its first
+argument a `default_worker.py`, `--temp-dir=` among the rest), with a stand-in worker script
+that reports what it sees. One server is started for the module (its temp dir) and serves
+every test; the idle test starts its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.host import forkserver_client as client
+
+ROOT = Path(__file__).resolve().parents[3]
+
+WORKER = r'''
+import json, os, signal, sys, time
+mode = os.environ.get("MODE", "report")
+if mode == "report":
+    import numpy
+    print(json.dumps({
+        "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
+        "path": sys.path[:3], "env": dict(os.environ),
+        "torch": "torch" in sys.modules, "name": __name__,
+        "random": numpy.random.randint(0, 2**31), "threads": len(os.listdir("/proc/self/task")),
+        "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+        "sid": os.getsid(0) == os.getpid(),
+    }), flush=True)
+elif mode == "exit":
+    sys.exit(int(os.environ["CODE"]))
+elif mode == "raise":
+    raise RuntimeError("boom from the worker")
+elif mode == "term":
+    def on_term(sig, frame):
+        print("got SIGTERM", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, on_term)
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+elif mode == "sleep":
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+elif mode == "selfkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.fixture(scope="module")
+def temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fs")
+    if len(client.socket_path(str(d), python=sys.executable)) > client.MAX_SOCKET_PATH:
+        d = Path(os.path.realpath("/tmp")) / f"meshyard-fs-{os.getpid()}"
+        d.mkdir(exist_ok=True)
+    yield d
+    _stop_server(d)
+
+
+def _server_pid(temp_dir: Path) -> int | None:
+    sock = client.socket_path(str(temp_dir), python=sys.executable)
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"workers.host.forkserver" in cmd and sock.encode() in cmd:
+            return int(pid)
+    return None
+
+
+def _stop_server(temp_dir: Path) -> None:
+    pid = _server_pid(temp_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _worker_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "workers"
+    d.mkdir(exist_ok=True)
+    (d / "default_worker.py").write_text(WORKER)
+    return d
+
+
+def _start(tmp_path: Path, temp_dir: Path, *, env: dict[str, str] | None = None,
+           cwd: Path | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    script = _worker_dir(tmp_path) / "default_worker.py"
+    full = {"PATH": os.environ["PATH"], "HOME": "/root", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", str(client.__file__), str(script),
+         f"--temp-dir={temp_dir}", *args],
+        env=full, cwd=cwd or tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def _gone(pid: int, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of ours counts as gone
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_is_forked_with_the_clients_environment_streams_and_arguments(
+        tmp_path: Path, temp_dir: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    first = _start(tmp_path, temp_dir, cwd=code, args=("--worker-id=abc",),
+                   env={"MODE": "report", "ONLY_MINE": "x y", "PYTHONPATH": str(code)})
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    got = json.loads(out)
+    server = _server_pid(temp_dir)
+    assert server is not None and got["ppid"] == server  # forked, not started
+    assert got["torch"] is True  # imported by the server, not by the worker
+    assert got["name"] == "__main__"
+    assert got["argv"][1:] == [f"--temp-dir={temp_dir}", "--worker-id=abc"]
+    assert got["argv"][0].endswith("workers/default_worker.py")
+    assert got["cwd"] == str(code)
+    # sys.path as `python default_worker.py` builds it: the script's dir, then PYTHONPATH
+    assert got["path"][:2] == [os.path.dirname(got["argv"][0]), str(code)]
+    # the whole environment is the client's: nothing of the server's start-up one is added
+    assert got["env"]["ONLY_MINE"] == "x y"
+    assert "OPENBLAS_NUM_THREADS" not in got["env"]
+    assert set(got["env"]) - {"PATH", "HOME", "MODE", "ONLY_MINE", "PYTHONPATH", "LC_CTYPE"} \
+        == set(), got["env"]
+    assert got["fds"] == [0, 1, 2, 3], "the server's socket and pidfds are not inherited"
+    assert got["threads"] == 1
+    assert got["sid"] is True
+    # a second worker: a fresh numpy random state, the same server
+    second = _start(tmp_path, temp_dir, env={"MODE": "report"})
+    out2, err2 = second.communicate(timeout=120)
+    assert second.returncode == 0, err2
+    got2 = json.loads(out2)
+    assert got2["ppid"] == server and got2["pid"] != got["pid"]
+    assert got2["random"] != got["random"]
+
+
+def test_the_client_exits_as_its_worker_did(tmp_path: Path, temp_dir: Path) -> None:
+    p = _start(tmp_path, temp_dir, env={"MODE": "exit", "CODE": "7"})
+    assert p.wait(timeout=120) == 7
+    p = _start(tmp_path, temp_dir,
+               env={"MODE": "raise"})
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert "RuntimeError: boom from the worker" in err  # the traceback on the client's stderr
+    p = _start(tmp_path, temp_dir,
+               env={"MODE": "selfkill"})
+    assert p.wait(timeout=120) == -signal.SIGKILL
+
+
+def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
+        tmp_path: Path, temp_dir: Path) -> None:
+    p = _start(tmp_path, temp_dir, env={"MODE": "term"})
+    assert p.stdout is not None
+    worker = int(p.stdout.readline())
+    assert worker != p.pid
+    p.send_signal(signal.SIGTERM)  # Ray's graceful kill goes to the process it started
+    out, _ = p.communicate(timeout=60)
+    assert "got SIGTERM" in out and p.returncode == 3
+    assert _gone(worker)
+
+    q = _start(tmp_path, temp_dir,
+               env={"MODE": "sleep"})
+    assert q.stdout is not None
+    worker = int(q.stdout.readline())
+    q.kill()  # SIGKILL: nothing to forward; the server sees the connection close
+    q.wait(timeout=30)
+    assert _gone(worker), "the worker of a killed client lives on"
+
+
+def test_the_server_refuses_anything_but_a_ray_worker(tmp_path: Path, temp_dir: Path) -> None:
+    p = _start(tmp_path, temp_dir, env={"MODE": "exit", "CODE": "0"})  # the server is up
+    assert p.wait(timeout=120) == 0
+    path = client.socket_path(str(temp_dir), python=sys.executable)
+    evil = tmp_path / "evil.py"
+    evil.write_text("open('/tmp/pwned', 'w')")
+    for req, fds in ((b"not json", [0, 1, 2]),
+                     (json.dumps({"argv": [str(evil)], "env": {}, "cwd": "/"}).encode(),
+                      [0, 1, 2]),
+                     (json.dumps({"argv": ["/x/default_worker.py"], "env": {}, "cwd": "/"})
+                      .encode(), [0])):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.connect(path)
+            import array
+
+            s.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            reply = json.loads(s.recv(1 << 16))
+        assert "pid" not in reply and reply["error"]
+    assert _server_pid(temp_dir) is not None  # and it still serves
+
+
+def test_without_a_server_the_client_starts_the_worker_itself(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)  # a socket path longer than sun_path
+    deep.mkdir()
+    p = _start(tmp_path, deep, env={"MODE": "report"})
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "no fork server (socket path longer than 107 bytes" in err
+    got = json.loads(out)
+    assert got["pid"] == p.pid and got["torch"] is False  # exec'd in place, cold
+
+
+def test_an_idle_server_exits_and_removes_its_socket(tmp_path: Path) -> None:
+    temp = Path(os.path.realpath("/tmp")) / f"meshyard-fs-idle-{os.getpid()}"
+    temp.mkdir(exist_ok=True)
+    try:
+        p = _start(tmp_path, temp, env={"MODE": "exit", "CODE": "0",
+                                        client.IDLE_VAR: "1"})
+        assert p.wait(timeout=120) == 0
+        server = _server_pid(temp)
+        assert server is not None
+        assert _gone(server, timeout_s=30)
+        assert not Path(client.socket_path(str(temp), python=sys.executable)).exists()
+    finally:
+        _stop_server(temp)
+        for f in temp.iterdir():
+            f.unlink()
+        temp.rmdir()
