@@ -83,6 +83,11 @@ class Settings(BaseSettings):
         default=True, description="Each pooled worker also keeps a prestarted rank process "
         "(torch imported; about half the pool's idle memory) so script and function jobs "
         "start warm too; off: only jobs of the built-in loop do.")
+    fork_workers: bool = Field(
+        default=True, description="Worker actors forked from a fork server on each node that "
+        "imported torch once (workers/host/forkserver.py): about 2 CPU-seconds less per worker "
+        "started. Ray then runs meshyard's Python and workers/host/forkserver_client.py at "
+        "the control plane's paths on every node; off: Ray starts each worker's process.")
     spare_controllers: int = Field(
         default=1, ge=0, le=16,
         description="Attempt controllers started ahead of the jobs that will need them (a new "

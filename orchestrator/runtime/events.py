@@ -131,6 +131,7 @@ class AttemptConfig:
     init_timeout_s: float
     cluster: ClusterTopology | None = None  # topology of the nodes used (GPU jobs)
     use_pool: bool = False  # lease warm actors (orchestrator/runtime/pool.py)
+    fork_workers: bool = True  # cold actors forked by their node's workers/host/forkserver.py
     package_uri: str | None = None  # user code uploaded to Ray (runtime_env working_dir)
     usage_interval_s: float = 10.0  # one utilisation sample per rank this often, at most
     link_figures: LinkFigures | None = None  # calibrated figures (None: the defaults)

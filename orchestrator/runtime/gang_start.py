@@ -72,6 +72,7 @@ class GangStart:
         extra: dict[str, Any] = {}
         if self.cfg.package_uri:
             extra["working_dir"] = self.cfg.package_uri
+        env = runtime_env(extra, fork=self.cfg.fork_workers)
         actors = []
         for i, b in enumerate(self.cfg.bundles):
             if i in pooled:
@@ -80,7 +81,7 @@ class GangStart:
             actors.append(WorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=b.cpus, num_gpus=1 if b.gpu is not None else 0, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=i), runtime_env=runtime_env(extra),
+                    pg, placement_group_bundle_index=i), runtime_env=env,
             ).remote())
         self._actors = actors
         infos = self._gather([a.info.remote() for a in actors], self.cfg.init_timeout_s)

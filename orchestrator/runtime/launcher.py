@@ -37,6 +37,7 @@ log = logging.getLogger("meshyard.scheduler")
 class AttemptLauncher:
     def __init__(self, *, store: Store, runs_dir: Path, launching: set[str],
                  near_node_id: str | None, use_pool: bool, usage_interval_s: float,
+                 fork_workers: bool,
                  figures: Callable[[], LinkFigures | None], allow_fault_injection: bool,
                  packages_dir: Path | None, spares: SpareControllers | None,
                  confinement: JobConfinement | None,
@@ -47,6 +48,7 @@ class AttemptLauncher:
         self.launching = launching  # jobs being launched now (the poller leaves them alone)
         self.near_node_id = near_node_id
         self.use_pool = use_pool
+        self.fork_workers = fork_workers
         self.usage_interval_s = usage_interval_s
         self.figures = figures
         self.allow_fault_injection = allow_fault_injection
@@ -131,7 +133,8 @@ class AttemptLauncher:
             run_dir=str(self.runs_dir / job.id), placement_timeout_s=spec.placement.timeout_s,
             init_timeout_s=min(spec.fault_tolerance.init_timeout_s, 600.0),
             cluster=cluster,
-            use_pool=self.use_pool, usage_interval_s=self.usage_interval_s,
+            use_pool=self.use_pool, fork_workers=self.fork_workers,
+            usage_interval_s=self.usage_interval_s,
             link_figures=self.figures(), confinement=self.confinement,
             checkpoint_dir=str(checkpoint_root(job.id, runs_dir=self.runs_dir,
                                                storage=self.checkpoint_storage))

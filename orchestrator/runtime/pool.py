@@ -58,8 +58,9 @@ class WorkerPool:
     """Per node, `size` warm worker actors. Methods are quick; filling runs in a thread."""
 
     def __init__(self, size: int, prestart: bool = True,
-                 confinement: JobConfinement | None = None) -> None:
+                 confinement: JobConfinement | None = None, fork: bool = True) -> None:
         self.size = size
+        self.fork = fork  # actors forked by the node's fork server (workers/host/forkserver.py)
         self.prestart = prestart  # pooled actors keep a prestarted rank process (user code)
         # What the jobs' ranks are confined to: a prestarted rank process holds the TCP
         # layer it needs before its job comes (workers/host/actor.py).
@@ -106,7 +107,7 @@ class WorkerPool:
                 return
             self._starting[node] = self._starting.get(node, 0) + need
         actors = [WorkerActor.options(  # type: ignore[attr-defined]
-            num_cpus=0, max_restarts=0, runtime_env=runtime_env(),
+            num_cpus=0, max_restarts=0, runtime_env=runtime_env(fork=self.fork),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
             for _ in range(need)]
         ready = []
@@ -200,11 +201,12 @@ class WorkerPool:
         return kept
 
     def configure(self, size: int, prestart: bool = True,
-                  confinement: JobConfinement | None = None) -> None:
+                  confinement: JobConfinement | None = None, fork: bool = True) -> None:
         """Sets the size per node and fills again (after a drain, or with a new size);
-        `prestart` and `confinement` apply to actors warmed from now on."""
+        `prestart`, `confinement` and `fork` apply to actors started from now on."""
         with self._lock:
             self.size, self.prestart, self.draining = size, prestart, False
+            self.fork = fork
             self.confinement = confinement
             surplus = {node: idle[size:] for node, idle in self._idle.items()}
             for node, extra in surplus.items():
@@ -259,7 +261,7 @@ RemotePool: Any = ray.remote(  # type: ignore[call-overload]
 
 def ensure_pool(size: int, *, prestart: bool = True,
                 confinement: JobConfinement | None = None, near_node_id: str | None = None,
-                timeout_s: float = 180.0) -> Any:
+                fork: bool = True, timeout_s: float = 180.0) -> Any:
     """Gets or creates the detached pool (it outlives control-plane restarts) at `size`;
     `prestart`: its actors keep a prestarted rank process for user-code jobs, confined as
     `confinement` says when a job comes. A new pool goes on `near_node_id` (the control
@@ -273,9 +275,9 @@ def ensure_pool(size: int, *, prestart: bool = True,
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(near_node_id, soft=False)
     deadline = time.monotonic() + timeout_s
     while True:
-        pool = RemotePool.options(**opts).remote(size, prestart, confinement)
+        pool = RemotePool.options(**opts).remote(size, prestart, confinement, fork)
         try:
-            ray.get(pool.configure.remote(size, prestart, confinement),
+            ray.get(pool.configure.remote(size, prestart, confinement, fork),
                     timeout=max(1.0, min(60.0, deadline - time.monotonic())))
             return pool
         except (RayActorError, GetTimeoutError) as exc:

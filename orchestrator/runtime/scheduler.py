@@ -108,6 +108,7 @@ class Scheduler:
     def __init__(self, *, store: Store, runs_dir: Path, topology: TopologyFn,
                  near_node_id: str | None = None,
                  launching: set[str] | None = None, use_pool: bool = False,
+                 fork_workers: bool = True,
                  figures: Callable[[], LinkFigures | None] | None = None,
                  quota_for: Callable[[str], Quota] | None = None,
                  allow_fault_injection: bool = True, plan: PlanFn = plan_job,
@@ -140,7 +141,8 @@ class Scheduler:
         self._topology = topology
         self.launcher = AttemptLauncher(
             store=store, runs_dir=runs_dir.resolve(), launching=self.launching,
-            near_node_id=near_node_id, use_pool=use_pool, usage_interval_s=usage_interval_s,
+            near_node_id=near_node_id, use_pool=use_pool, fork_workers=fork_workers,
+            usage_interval_s=usage_interval_s,
             figures=self._figures, allow_fault_injection=allow_fault_injection,
             packages_dir=packages_dir, spares=spares, confinement=confinement,
             checkpoint_storage=checkpoint_storage, object_storage=object_storage)

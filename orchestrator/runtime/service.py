@@ -297,6 +297,7 @@ class Runtime:
         self.scheduler = Scheduler(store=self.store, runs_dir=runs, topology=self.topology.current,
                                    near_node_id=near, spares=self.spares,
                                    launching=self._launching, use_pool=self.warm_pool > 0,
+                                   fork_workers=self.settings.fork_workers,
                                    figures=self._link_figures, quota_for=self._quota_for,
                                    allow_fault_injection=self.settings.allow_fault_injection,
                                    packages_dir=Path(self.settings.packages_dir).resolve(),
@@ -406,7 +407,8 @@ class Runtime:
         confinement, near = self._pool_place
         if self.warm_pool > 0:
             ensure_pool(self.warm_pool, prestart=self.settings.warm_pool_user_code,
-                        confinement=confinement, near_node_id=near)
+                        confinement=confinement, near_node_id=near,
+                        fork=self.settings.fork_workers)
         else:
             self._drain_pool()
 

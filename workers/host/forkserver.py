@@ -44,18 +44,13 @@ from typing import Any, NoReturn
 
 CLIENT = Path(__file__).with_name("forkserver_client.py")
 IDLE_S = 30.0
-ENABLED_VAR = "MESHYARD_ACTOR_FORK"  # "0": Ray starts worker actors itself
 
 
-def enabled(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get(ENABLED_VAR, "1") != "0" and sys.platform == "linux"
-
-
-def runtime_env(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A worker actor's runtime_env: `extra` (a working_dir) plus the client as Ray's Python."""
+def runtime_env(extra: dict[str, Any] | None = None, *, fork: bool = True) -> dict[str, Any]:
+    """A worker actor's runtime_env: `extra` (a working_dir) plus, with `fork` (the
+    `fork_workers` setting), the client as Ray's Python."""
     env = dict(extra or {})
-    if enabled():
+    if fork and sys.platform == "linux":
         env["py_executable"] = shlex.join([sys.executable, "-I", "-S", str(CLIENT)])
     return env
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from workers.host import forkserver_client as client
-
-ROOT = Path(__file__).resolve().parents[3]
 
 WORKER = r'''
 import json, os, signal, sys, time
@@ -53,7 +53,7 @@ elif mode == "selfkill":
 
 
 @pytest.fixture(scope="module")
-def temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     d = tmp_path_factory.mktemp("fs")
     if len(client.socket_path(str(d), python=sys.executable)) > client.MAX_SOCKET_PATH:
         d = Path(os.path.realpath("/tmp")) / f"meshyard-fs-{os.getpid()}"
@@ -230,3 +230,13 @@ def test_an_idle_server_exits_and_removes_its_socket(tmp_path: Path) -> None:
         for f in temp.iterdir():
             f.unlink()
         temp.rmdir()
+
+
+def test_the_runtime_env_names_the_client_only_when_forking() -> None:
+    from workers.host.forkserver import runtime_env
+
+    assert runtime_env({"working_dir": "gcs://x.zip"}, fork=False) == \
+        {"working_dir": "gcs://x.zip"}
+    env = runtime_env({"working_dir": "gcs://x.zip"})
+    assert env["working_dir"] == "gcs://x.zip"
+    assert shlex.split(env["py_executable"]) == [sys.executable, "-I", "-S", client.__file__]
