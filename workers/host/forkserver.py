@@ -72,11 +72,11 @@ def apply_thread_counts() -> None:
 
 
 def serve(path: str, *, idle_s: float = IDLE_S) -> int:
-    import json
     import selectors
     import signal
     import socket
     import time
+    import traceback
 
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401 - DDP / FSDP construction imports it
@@ -112,34 +112,44 @@ def serve(path: str, *, idle_s: float = IDLE_S) -> int:
                 break  # Ray's temp dir was removed
         for key, _ in sel.select(timeout=1.0):
             kind, pid = key.data
-            if kind == "listen":
-                started = _accept(listener, sel, children, base)
-                if started is not None:
-                    sel.register(started[1], selectors.EVENT_READ, ("child", started[0]))
-                    sel.register(started[2], selectors.EVENT_READ, ("conn", started[0]))
-                    children[started[0]] = (started[2], started[1])
-            elif kind == "child":
-                conn, pidfd = children.pop(pid)
-                sel.unregister(pidfd)
-                if conn in sel.get_map():  # not when its client is gone already
-                    sel.unregister(conn)
-                os.close(pidfd)
-                _, status = os.waitpid(pid, 0)
-                with contextlib.suppress(OSError):
-                    conn.send(json.dumps({"status": _status(status)}).encode())
-                conn.close()
-                idle_since = time.monotonic()
-            elif kind == "conn":
-                # The client closed its end (it was killed): its worker goes with it; the
-                # child's pidfd reports the death.
-                conn, _ = children[pid]
-                sel.unregister(conn)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            try:
+                if kind == "listen":
+                    started = _accept(listener, sel, children, base)
+                    if started is not None:
+                        child, pidfd, conn = started
+                        children[child] = (conn, pidfd)
+                        sel.register(pidfd, selectors.EVENT_READ, ("child", child))
+                        sel.register(conn, selectors.EVENT_READ, ("conn", child))
+                elif kind == "child":
+                    _reap(pid, children, sel)
+                    idle_since = time.monotonic()
+                elif kind == "conn":
+                    # The client closed its end (it was killed): its worker goes with it;
+                    # the child's pidfd then reports the death.
+                    sel.unregister(children[pid][0])
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - one bad event must not end the server
+                traceback.print_exc()
     with contextlib.suppress(FileNotFoundError):
         if os.stat(path).st_ino == ino:
             os.unlink(path)
     return 0
+
+
+def _reap(pid: int, children: dict[int, Any], sel: Any) -> None:
+    """A worker ended: its status to its client, if the client is still there."""
+    import json
+
+    conn, pidfd = children.pop(pid)
+    sel.unregister(pidfd)
+    os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    if conn in sel.get_map():  # not when the client is gone already
+        sel.unregister(conn)
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps({"status": _status(status)}).encode())
+    conn.close()
 
 
 def _status(status: int) -> int:

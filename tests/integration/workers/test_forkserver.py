@@ -177,9 +177,13 @@ def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
                env={"MODE": "sleep"})
     assert q.stdout is not None
     worker = int(q.stdout.readline())
+    server = _server_pid(temp_dir)
     q.kill()  # SIGKILL: nothing to forward; the server sees the connection close
     q.wait(timeout=30)
     assert _gone(worker), "the worker of a killed client lives on"
+    r = _start(tmp_path, temp_dir, env={"MODE": "exit", "CODE": "5"})
+    assert r.wait(timeout=120) == 5
+    assert _server_pid(temp_dir) == server  # the same server, after both events
 
 
 def test_the_server_refuses_anything_but_a_ray_worker(tmp_path: Path, temp_dir: Path) -> None:
