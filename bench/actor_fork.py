@@ -74,7 +74,7 @@ def main() -> int:
 
             return os.getpid()
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     envs = {"ray": {}, "forked": runtime_env()}
 
     def start(way: str) -> dict[str, float]:
