@@ -37,7 +37,7 @@ from typing import Any
 import ray
 
 from orchestrator.isolation.modes import JobConfinement
-from orchestrator.isolation.worker_env import allowlisted
+from orchestrator.isolation.worker_env import is_allowed
 from orchestrator.spec import SpecKind
 from orchestrator.storage.object_storage import ObjectStorage
 from workers.host.assignment import (
@@ -165,10 +165,11 @@ class WorkerActor:
     def __init__(self) -> None:
         # A job sees an explicit environment: the allowlist of orchestrator/isolation/worker_env.py
         # (PATH, locale, CUDA_*, NCCL_*, RAY_*, ...), then its rank's own variables. Whatever
-        # else the node's environment holds stays out of the job's reach.
-        kept = allowlisted(os.environ)
-        os.environ.clear()
-        os.environ.update(kept)
+        # else the node's environment holds stays out of the job's reach. Only the others are
+        # unset: Ray's threads run already, and rewriting the whole environment (setenv after
+        # setenv, the C array reallocated) races with their getenv.
+        for name in [k for k in os.environ if not is_allowed(k)]:
+            del os.environ[name]
         apply_thread_counts()  # forked from the fork server: torch is imported already
         self._stop = StopRequest()
         self._buf = _Buffer(rank=-1)

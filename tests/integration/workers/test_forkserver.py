@@ -38,8 +38,8 @@ elif mode == "exit":
 elif mode == "raise":
     raise RuntimeError("boom from the worker")
 elif mode == "term":
-    def on_term(sig, frame):
-        print("got SIGTERM", flush=True)
+    def on_term(sig, frame):  # os.write: the signal may come inside print's flush below
+        os.write(1, b"got SIGTERM\n")
         sys.exit(3)
     signal.signal(signal.SIGTERM, on_term)
     print(os.getpid(), flush=True)
@@ -169,8 +169,8 @@ def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
     worker = int(p.stdout.readline())
     assert worker != p.pid
     p.send_signal(signal.SIGTERM)  # Ray's graceful kill goes to the process it started
-    out, _ = p.communicate(timeout=60)
-    assert "got SIGTERM" in out and p.returncode == 3
+    out, err = p.communicate(timeout=60)
+    assert "got SIGTERM" in out and p.returncode == 3, (p.returncode, err)
     assert _gone(worker)
 
     q = _start(tmp_path, temp_dir,
