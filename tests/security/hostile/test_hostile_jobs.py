@@ -183,6 +183,13 @@ def _targets(lab: Lab) -> dict[str, Any]:
     pids |= {p.pid for p in procs if p.name() in ("gcs_server", "raylet")}
     with _quiet():
         pids |= {p.pid for p in procs if "meshyard._prestart" in " ".join(p.cmdline())}
+    fork_sockets = [str(p) for p in lab.ray_tmp.glob("**/meshyard-fork-*.sock")]
+    with _quiet():  # the fork server the workers came from: no longer under the service
+        forkers = {p.pid for p in psutil.process_iter(["cmdline"])
+                   if "workers.host.forkserver" in (p.info["cmdline"] or [])
+                   and any(s in (p.info["cmdline"] or []) for s in fork_sockets)}
+    assert forkers and fork_sockets, "the victim's workers were not forked by a fork server"
+    pids |= forkers
     run = lab.data / "runs" / lab.victim
     code = [str(p) for p in (*lab.ray_tmp.glob("session_*/runtime_resources/working_dir_files/"
                                                "*/meshyard-code/victim.py"),
@@ -201,7 +208,7 @@ def _targets(lab: Lab) -> dict[str, Any]:
         "ports": sorted(ports),
         "stable_ports": sorted(p for p, name in ports.items()
                                if name in ("gcs_server", "raylet", "meshyard")),
-        "unix": [str(p) for p in lab.ray_tmp.glob("session_*/sockets/*")],
+        "unix": [*(str(p) for p in lab.ray_tmp.glob("session_*/sockets/*")), *fork_sockets],
         "pids": sorted(pids),
         "gcs": f"127.0.0.1:{gcs}",
         "ray_tmp": str(lab.ray_tmp),
