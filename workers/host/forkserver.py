@@ -148,13 +148,9 @@ def _reap(pid: int, children: dict[int, Any], sel: Any) -> None:
     if conn in sel.get_map():  # not when the client is gone already
         sel.unregister(conn)
         with contextlib.suppress(OSError):
-            conn.send(json.dumps({"status": _status(status)}).encode())
+            # the exit code, or -signal: the client exits as the worker did
+            conn.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
     conn.close()
-
-
-def _status(status: int) -> int:
-    """A wait status as the client exits with it: the exit code, or -signal."""
-    return os.waitstatus_to_exitcode(status)
 
 
 def _accept(listener: Any, sel: Any, children: dict[int, Any],
@@ -171,7 +167,7 @@ def _accept(listener: Any, sel: Any, children: dict[int, Any],
         return None
     try:
         conn.settimeout(5.0)
-        pid_, uid, _gid = struct.unpack("3i", conn.getsockopt(
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if uid != os.getuid():
             raise ValueError(f"a client of uid {uid}")
@@ -205,7 +201,7 @@ def _accept(listener: Any, sel: Any, children: dict[int, Any],
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
-        os.kill(pid, 9)
+        os.kill(pid, 9)  # SIGKILL
         os.waitpid(pid, 0)
         conn.close()
         return None

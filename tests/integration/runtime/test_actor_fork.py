@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import psutil
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.support.processes import gone
 from workers.host.forkserver import runtime_env
 
 
@@ -45,15 +45,6 @@ def _client_of(worker_id: str) -> psutil.Process | None:
                 and f"--worker-id={worker_id}" in cmd:
             return p
     return None
-
-
-def _gone(pid: int, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_worker_actors_are_forked_with_what_ray_gave_them(ray_connected: Cluster,
@@ -93,5 +84,6 @@ def test_worker_actors_are_forked_with_what_ray_gave_them(ray_connected: Cluster
         for a in actors:
             ray.kill(a, no_restart=True)
     for info, client in zip(infos, clients, strict=True):
-        assert _gone(info["pid"]), "the worker outlived ray.kill"
-        assert client is not None and _gone(client.pid), "its client outlived ray.kill"
+        assert gone([info["pid"]], timeout_s=60), "the worker outlived ray.kill"
+        assert client is not None
+        assert gone([client.pid], timeout_s=60), "its client outlived ray.kill"

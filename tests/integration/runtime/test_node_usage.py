@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,7 @@ from orchestrator.runtime.node_sampling import NodeSamplers
 from orchestrator.runtime.nodes import TopologySource, register_nodes
 from orchestrator.store.repo import Store
 from tests.integration.runtime.conftest import write_cluster_file
-from workers.host.rankproc import alive
-
-
-def _gone(pids: set[int], *, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(alive(p) for p in pids)
+from tests.support.processes import gone
 
 
 @pytest.mark.slow
@@ -48,7 +40,7 @@ def test_one_sampler_per_node_answers_every_sample_and_a_broken_one_is_replaced(
         # by a new actor.
         n1 = next(nid for nid, name in live.items() if name == "n1")
         os.kill(first[n1], signal.SIGKILL)
-        assert _gone({first[n1]})
+        assert gone({first[n1]})
         assert samplers.sample(store, timeout_s=30) == len(live) - 1
         assert samplers.sample(store, timeout_s=60) == len(live)
         second = samplers.pids()
@@ -62,7 +54,7 @@ def test_one_sampler_per_node_answers_every_sample_and_a_broken_one_is_replaced(
         os.kill(second[n2], signal.SIGSTOP)
         assert samplers.sample(store, timeout_s=2) == len(live) - 1
         assert samplers.sample(store, timeout_s=2) == len(live) - 1
-        assert _gone({second[n2]})
+        assert gone({second[n2]})
         assert samplers.sample(store, timeout_s=60) == len(live)
         third = samplers.pids()
         assert third[n2] not in (second[n2], first[n2])
@@ -71,4 +63,4 @@ def test_one_sampler_per_node_answers_every_sample_and_a_broken_one_is_replaced(
             os.kill(second[n2], signal.SIGCONT)  # lets it die if an earlier step failed
         samplers.close()
     assert samplers.pids() == {}
-    assert _gone(set(third.values()))
+    assert gone(set(third.values()))

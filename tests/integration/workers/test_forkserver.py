@@ -12,12 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import gone
 from workers.host import forkserver_client as client
 
 WORKER = r'''
@@ -98,22 +98,6 @@ def _start(tmp_path: Path, temp_dir: Path, *, env: dict[str, str] | None = None,
         text=True)
 
 
-def _gone(pid: int, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:  # a zombie of ours counts as gone
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_worker_is_forked_with_the_clients_environment_streams_and_arguments(
         tmp_path: Path, temp_dir: Path) -> None:
     code = tmp_path / "code"
@@ -171,7 +155,7 @@ def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
     p.send_signal(signal.SIGTERM)  # Ray's graceful kill goes to the process it started
     out, err = p.communicate(timeout=60)
     assert "got SIGTERM" in out and p.returncode == 3, (p.returncode, err)
-    assert _gone(worker)
+    assert gone([worker])
 
     q = _start(tmp_path, temp_dir,
                env={"MODE": "sleep"})
@@ -180,7 +164,7 @@ def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
     server = _server_pid(temp_dir)
     q.kill()  # SIGKILL: nothing to forward; the server sees the connection close
     q.wait(timeout=30)
-    assert _gone(worker), "the worker of a killed client lives on"
+    assert gone([worker]), "the worker of a killed client lives on"
     r = _start(tmp_path, temp_dir, env={"MODE": "exit", "CODE": "5"})
     assert r.wait(timeout=120) == 5
     assert _server_pid(temp_dir) == server  # the same server, after both events
@@ -227,7 +211,7 @@ def test_an_idle_server_exits_and_removes_its_socket(tmp_path: Path) -> None:
         assert p.wait(timeout=120) == 0
         server = _server_pid(temp)
         assert server is not None
-        assert _gone(server, timeout_s=30)
+        assert gone([server])
         assert not Path(client.socket_path(str(temp), python=sys.executable)).exists()
     finally:
         _stop_server(temp)
