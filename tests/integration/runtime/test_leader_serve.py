@@ -1,9 +1,13 @@
 """Two real `meshyard serve` processes on one PostgreSQL and one local Ray cluster.
 
-One leads (schedules and polls); the other serves reads. kill -9 the leader while jobs run
-and others wait: the standby takes the lock within about a second, reattaches to the running
-jobs, places the waiting ones, and every job is placed exactly once for its first attempt
-(one QUEUED→PLACING transition, one Ray placement group per attempt).
+One leads (schedules and polls); the other serves reads. kill -9 the leader while two jobs
+run and a third waits for their GPUs: the standby takes the lock within about a second,
+reattaches to the running jobs (their steps go on advancing in the same attempt, and a cancel
+sent to it stops them), places the waiting one when GPUs free, and every job is placed exactly
+once (one QUEUED→PLACING transition, one Ray placement group per attempt).
+
+The two running jobs train until cancelled, so the state the kill needs (two RUNNING, one
+QUEUED) holds until the test ends it, however slowly the host starts their workers.
 """
 
 from __future__ import annotations
@@ -50,23 +54,25 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
         a = start_serve(tmp_path / "a", token=TOKEN, address=ray_cluster.address,
                         cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(a)
-        url_a = serve_url(tmp_path / "a", a, timeout_s=90)
+        url_a = serve_url(tmp_path / "a", a, token=TOKEN, timeout_s=90)
         until(lambda: _leader_pid(engine) == a.pid, timeout_s=30, what="a leads", poll_s=0.1)
         b = start_serve(tmp_path / "b", token=TOKEN, address=ray_cluster.address,
                         cluster_file=cluster_file, extra=("--database-url", postgres_url))
         procs.append(b)
-        url_b = serve_url(tmp_path / "b", b, timeout_s=90)
+        url_b = serve_url(tmp_path / "b", b, token=TOKEN, timeout_s=90)
         assert _leader_pid(engine) == a.pid, "the second server must stand by"
 
-        # 4 GPUs: two 2-rank jobs run, the third waits for GPUs.
-        specs = [tiny_spec(f"job-{i}", training={"steps": 40}) for i in range(3)]
+        # 4 GPUs: two 2-rank jobs run until cancelled, the third waits for their GPUs.
+        long_run = {"steps": 100_000}
+        specs = [tiny_spec("run-0", training=long_run, checkpoint={"every_steps": 1000}),
+                 tiny_spec("run-1", training=long_run, checkpoint={"every_steps": 1000}),
+                 tiny_spec("waits", training={"steps": 20})]
         with MeshyardClient(url_a, TOKEN) as client:
             ids = [client.submit(s).id for s in specs]
-            running = until(lambda: [j for j in ids if client.get_job(j).state.value
-                                      == "RUNNING"] if _two_running(client, ids) else None,
-                             timeout_s=180, what="two jobs running")
+            until(lambda: _two_running(client, ids), timeout_s=180, what="two jobs running")
+        running, waiting = ids[:2], ids[2]
         with MeshyardClient(url_b, TOKEN) as client:  # the standby serves reads
-            assert {client.get_job(j).state.value for j in running} == {"RUNNING"}
+            assert [client.get_job(j).state.value for j in ids] == ["RUNNING", "RUNNING", "QUEUED"]
 
         killed_at = time.monotonic()
         a.send_signal(signal.SIGKILL)
@@ -77,14 +83,26 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
               "kill -9 of the leader")
 
         with MeshyardClient(url_b, TOKEN) as client:
-            final = until(lambda: _all_done(client, ids), timeout_s=240, what="all jobs done")
+            # b polls the jobs it reattached to: their steps advance past what a last reported.
+            seen = {j: client.get_job(j).last_step or 0 for j in running}
+            until(lambda: all((client.get_job(j).last_step or 0) > seen[j] + 2 for j in running),
+                  timeout_s=120, what="steps reported under the new leader")
+            assert client.get_job(waiting).state.value == "QUEUED", "no GPUs are free yet"
+            client.cancel(running[0])
+            until(lambda: client.get_job(waiting).state.value == "SUCCEEDED", timeout_s=180,
+                  what="the waiting job placed by b and done")
+            assert client.get_job(running[1]).state.value == "RUNNING"
+            client.cancel(running[1])
+            final = until(lambda: _all_done(client, ids), timeout_s=60, what="all jobs ended")
             placements = {j: [e for e in client.events(j)
                               if e.kind == "state" and _val(e.dst) == "PLACING"] for j in ids}
             attempts = {j: [a_.state for a_ in client.attempts(j).items] for j in ids}
-        assert final == {j: "SUCCEEDED" for j in ids}, (final, attempts)
+        assert final == {running[0]: "CANCELLED", running[1]: "CANCELLED",
+                         waiting: "SUCCEEDED"}, (final, attempts)
         for j in ids:
             assert len(placements[j]) == 1, f"{j} placed {len(placements[j])} times"
-            assert attempts[j] == ["SUCCEEDED"], attempts
+        assert attempts == {running[0]: ["CANCELLED"], running[1]: ["CANCELLED"],
+                            waiting: ["SUCCEEDED"]}, attempts
         groups = [pg["name"] for pg in ray.util.placement_group_table().values()]
         for j in ids:
             assert groups.count(pg_name(j, 1)) == 1, f"{j}: {groups.count(pg_name(j, 1))} groups"
@@ -100,9 +118,8 @@ def _val(x: Any) -> str:
 
 
 def _two_running(client: MeshyardClient, ids: list[str]) -> bool:
-    states = [client.get_job(j).state.value for j in ids]
     # Kill only when nothing is mid-placement: PLACING/STARTING belong to the old leader.
-    return states.count("RUNNING") == 2 and states.count("QUEUED") == 1
+    return [client.get_job(j).state.value for j in ids] == ["RUNNING", "RUNNING", "QUEUED"]
 
 
 def _all_done(client: MeshyardClient, ids: list[str]) -> dict[str, str] | None:
