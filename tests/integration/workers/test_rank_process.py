@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.runtime.usercode_helpers import alive
+from tests.support.jobs import until
 
 PY = sys.executable
 
@@ -220,8 +221,10 @@ def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
         other = RankProcess([PY, "-c", "import subprocess, sys, time; subprocess.Popen("
                              "[sys.executable, '-c', 'import time; time.sleep(60)']); "
                              "time.sleep(60)"], env=base, cwd=str(tmp_path)).start()
-        time.sleep(0.5)
-        left = [p for p in _children_of(os.getpid()) if p not in (pre.pid, other.pid)]
+        # the other's own child, once it has started it (a bounded wait, not a fixed sleep)
+        left = until(lambda: [p for p in _children_of(os.getpid())
+                              if p not in (pre.pid, other.pid)],
+                     timeout_s=60, what="the other rank's child", poll_s=0.05)
         other.kill_tree()
         assert other.poll() is not None and pre.pid is not None and alive(pre.pid)
         assert [p for p in left if alive(p)] == []  # the other's own child did not survive
