@@ -43,7 +43,11 @@ elif mode == "term":
         sys.exit(3)
     signal.signal(signal.SIGTERM, on_term)
     print(os.getpid(), flush=True)
-    time.sleep(60)
+    # Short sleeps: a signal that lands after print's write but before one long sleep
+    # starts would run its Python handler only when that sleep ends (CPython checks for
+    # signals between bytecodes), which reads as a signal never forwarded.
+    for _ in range(600):
+        time.sleep(0.1)
 elif mode == "sleep":
     print(os.getpid(), flush=True)
     time.sleep(60)
@@ -78,6 +82,16 @@ def _stop_server(temp_dir: Path) -> None:
     pid = _server_pid(temp_dir)
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "gone"
+    keep = ("State", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return "; ".join([x for x in status if x.startswith(keep)] + [f"wchan {wchan}"])
 
 
 def _worker_dir(tmp_path: Path) -> Path:
@@ -153,7 +167,11 @@ def test_signals_reach_the_worker_and_a_killed_client_takes_it_along(
     worker = int(p.stdout.readline())
     assert worker != p.pid
     p.send_signal(signal.SIGTERM)  # Ray's graceful kill goes to the process it started
-    out, err = p.communicate(timeout=60)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # which side lost it: a signal pending in the worker, or never sent by the client
+        raise AssertionError({pid: _signal_state(pid) for pid in (p.pid, worker)}) from None
     assert "got SIGTERM" in out and p.returncode == 3, (p.returncode, err)
     assert gone([worker])
 
