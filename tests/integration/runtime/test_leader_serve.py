@@ -72,7 +72,7 @@ def test_standby_takes_over_and_places_each_job_once(ray_cluster, ray_connected,
             until(lambda: _two_running(client, ids), timeout_s=180, what="two jobs running")
         running, waiting = ids[:2], ids[2]
         with MeshyardClient(url_b, TOKEN) as client:  # the standby serves reads
-            assert [client.get_job(j).state.value for j in ids] == ["RUNNING", "RUNNING", "QUEUED"]
+            assert _two_running(client, ids)
 
         killed_at = time.monotonic()
         a.send_signal(signal.SIGKILL)
