@@ -41,11 +41,12 @@ def _spares_in_ray() -> set[str]:
             if a.get("namespace") == NAMESPACE and is_spare_controller_name(a["name"])}
 
 
-def _wait_spare(rt: Any, *, other_than: set[str] = frozenset()) -> str:
-    deadline = time.monotonic() + 30
+def _wait_spare(rt: Any, *, other_than: set[str] = frozenset(), up: bool = True) -> str:
+    """A spare held by `rt` (not one of `other_than`), in Ray and, with `up`, answering."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        names = rt.spares.names() - other_than
-        if names and names <= _spares_in_ray():
+        names = (rt.spares.ready() if up else rt.spares.names()) - other_than
+        if names and (not up or names <= _spares_in_ray()):
             return next(iter(names))
         time.sleep(0.1)
     raise AssertionError(f"no new spare controller: held {rt.spares.names()}, "
@@ -131,3 +132,78 @@ def test_a_restarted_control_plane_finds_the_spare_its_attempt_adopted(settings,
                  what="the adopted spare killed with its attempt")
     finally:
         second.stop()
+
+
+def _never_starting(monkeypatch) -> None:
+    """Spares that ask for a resource no node has, on no node in particular (a hard node
+    affinity would make Ray fail them at once): their actors stay pending, as a spare whose
+    worker process a loaded host has not started yet."""
+    from orchestrator.runtime.spares import SpareControllers
+
+    plain = SpareControllers._options
+    monkeypatch.setattr(SpareControllers, "_options", lambda self, name: {
+        **{k: v for k, v in plain(self, name).items() if k != "scheduling_strategy"},
+        "resources": {"meshyard-test-absent": 1}})
+
+
+def test_a_spare_still_starting_is_passed_over_and_a_dead_one_dropped(monkeypatch, ray_cluster):
+    from orchestrator.runtime.spares import SpareControllers
+
+    _never_starting(monkeypatch)
+    spares = SpareControllers(2, near_node_id=None)
+    try:
+        assert spares.top_up() == 2
+        names = spares.names()
+        assert len(names) == 2 and names <= _spares_in_ray()
+        assert spares.take() is None  # neither has answered its first call
+        assert spares.names() == names  # kept: each may still come up
+        first, second = (h for _, h, _ in spares._idle)
+        ray.kill(first, no_restart=True)  # dies before it ever ran
+        deadline = time.monotonic() + 30
+        while len(spares.names()) == 2 and time.monotonic() < deadline:
+            assert spares.take() is None  # the dead one is never handed out
+            time.sleep(0.1)
+        assert len(spares.names()) == 1, "a spare that died is dropped"
+        assert spares.top_up() == 1  # and replaced
+    finally:
+        assert spares.close() == 2
+    deadline = time.monotonic() + 30
+    while names & _spares_in_ray() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (names & _spares_in_ray())
+
+
+def test_a_launch_does_not_wait_for_a_spare_that_has_not_started(
+        monkeypatch, settings, store):
+    from orchestrator.runtime.service import Runtime
+
+    _never_starting(monkeypatch)
+    rt = Runtime(settings, store, tick_s=0.2, warm_pool=0)
+    rt.start()
+    try:
+        _wait_spare(rt, up=False)
+        pending = rt.spares.names()
+        assert not rt.spares.ready()
+        t0 = time.monotonic()
+        job_id = submit(store, tiny_spec("no-spare-up", checkpoint={"enabled": False}))
+        job = wait_state(store, job_id, JobState.SUCCEEDED, JobState.FAILED)
+        assert job.state == JobState.SUCCEEDED, job.message
+        (attempt,) = store.list_attempts(job_id)  # one attempt: no launch failed on the spare
+        assert attempt.placement["controller"] == controller_name(job_id, 1)
+        assert rt.spares.names() == pending  # the spare was left to start, not taken
+        print(f"[spares] launched past a pending spare; done in {time.monotonic() - t0:.1f} s")
+        assert all(_named(n) for n in pending)
+    finally:
+        rt.stop()
+    deadline = time.monotonic() + 30
+    while any(_named(n) for n in pending) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_named(n) for n in pending), "stop kills spares that never started"
+
+
+def _named(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
