@@ -130,10 +130,11 @@ def _hang_report(svc: Service, job_id: str) -> tuple[dict[str, Any], dict[str, A
 
 
 def _within_bound(svc: Service, job_id: str, rep: dict[str, Any]) -> None:
-    """The report was stored within REPORT_WITHIN_S of the first rank reaching the fault."""
+    """The report was stored within REPORT_WITHIN_S of the first rank of the reported
+    attempt reaching the fault."""
     from datetime import datetime
 
-    logs = (svc.runs / job_id / "logs" / "attempt-1").glob("rank-*.stdout")
+    logs = (svc.runs / job_id / "logs" / f"attempt-{rep['attempt']}").glob("rank-*.stdout")
     marks = [float(m.group(1)) for p in logs
              for m in re.finditer(r"reached the fault at ([0-9.]+)", p.read_text())]
     assert marks, "no rank printed its fault time"
