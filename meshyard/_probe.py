@@ -12,12 +12,13 @@ Flight Recorder and NCCL_DEBUG_FILE variables, before the process starts). One d
   a job that reports no step advances when its collectives do;
 * at a normal interpreter exit, records the time and the uncaught exception, if any;
 * answers an evidence request: the watcher writes `rank<N>.request` (JSON: `id`, `out`, the
-  folder for the answer); the probe writes there `stacks.txt` (every thread), `fr_trace.pkl`
-  (the full Flight Recorder dump), `pyspy.txt` (py-spy native stacks when py-spy is
-  installed) and last `probe.json` (the op the main thread is blocked in from its frame
-  locals, the innermost frame of the user's code, process-group membership, the request
-  id). It answers while the main thread is blocked in a collective (the C++ call releases
-  the GIL) or busy in Python (the interpreter switches threads every 5 ms).
+  folder for the answer, and `native`: false leaves py-spy out); the probe writes there
+  `stacks.txt` (every thread), `fr_trace.pkl` (the full Flight Recorder dump), `pyspy.txt`
+  (py-spy native stacks when py-spy is installed and `native` is not false) and last
+  `probe.json` (the op the main thread is blocked in from its frame locals, the innermost
+  frame of the user's code, process-group membership, the request id). It answers while
+  the main thread is blocked in a collective (the C++ call releases the GIL) or busy in
+  Python (the interpreter switches threads every 5 ms).
 
 Idle cost: one `stat()` of the request path per wake, and the watermark read; nothing is
 written while nothing moves.
@@ -115,8 +116,10 @@ def stack_map(threads: dict[int, _frames.Walked]) -> dict[str, str]:
     return _frames.stacks_by_thread_name(threads, training=threading.main_thread().ident)
 
 
-def collect(out: Path, *, request_id: str) -> dict[str, Any]:
-    """Write this rank's evidence under `out`; `probe.json` last. Never raises."""
+def collect(out: Path, *, request_id: str, native: bool = True) -> dict[str, Any]:
+    """Write this rank's evidence under `out`; `probe.json` last. Never raises. `native`
+    False: no py-spy dump (it stops this process while it reads it: seconds with native
+    frames), for a request that needs only the collectives' times."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     info: dict[str, Any] = {"id": request_id, "pid": os.getpid(), "time_s": t0, "errors": [],
@@ -150,7 +153,7 @@ def collect(out: Path, *, request_id: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001
         info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
     info["process_groups"] = process_groups()
-    exe = pyspy_path()
+    exe = pyspy_path() if native else None
     if exe is not None:
         try:
             res = subprocess.run([exe, "dump", "--native", "--pid", str(os.getpid())],
@@ -218,7 +221,7 @@ class Probe:
         if rid == self._answered:
             return
         self._answered = rid
-        collect(Path(ask["out"]), request_id=rid)
+        collect(Path(ask["out"]), request_id=rid, native=ask.get("native") is not False)
 
 
 _PROBE: Probe | None = None

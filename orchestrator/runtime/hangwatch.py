@@ -176,7 +176,10 @@ class AttemptWatchdog:
                dead: Mapping[int, str] | None = None,
                exit_times: Mapping[int, float] | None = None) -> DiagnosisReport:
         stamp = stamp or f"{stamp_now()}-{next(self._rounds)}"
-        replies = gang.diagnostics(request={"stamp": stamp}, timeout_s=_DIAG_TIMEOUT_S)
+        # A straggler probe reads when each rank entered its collectives, on a job that is
+        # training: no py-spy dump, which would stop every rank for the seconds it takes.
+        replies = gang.diagnostics(request={"stamp": stamp, "native": trigger != "straggler"},
+                                   timeout_s=_DIAG_TIMEOUT_S)
         dead = dict(dead or {})
         if trigger != "straggler" and not dead:
             # Ranks that ended before or while this round ran (a stall's cause can be a rank

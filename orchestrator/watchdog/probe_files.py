@@ -64,10 +64,11 @@ MAX_COLLECTIVES = 2**53  # far above any real count; exact in a float and in a B
 
 
 def ask(probe_dir: str | Path, rank: int, *, out: Path, request_id: str,
-        root: PathLike) -> None:
-    """Ask rank `rank`'s probe for its evidence, to be written under `out`."""
+        root: PathLike, native: bool = True) -> None:
+    """Ask rank `rank`'s probe for its evidence, to be written under `out` (`native` False:
+    without py-spy's dump)."""
     runfiles.replace_text(root, request_path(probe_dir, rank),
-                          json.dumps({"id": request_id, "out": str(out)}))
+                          json.dumps({"id": request_id, "out": str(out), "native": native}))
 
 
 def await_answer(out: Path, *, request_id: str, timeout_s: float, root: PathLike,

@@ -453,6 +453,7 @@ class WorkerActor:
             out["evidence"] = _jsonable(collect_evidence(
                 a.run_dir, a.rank, stamp=req.get("stamp"), step=hb.step if hb else None,
                 phase=hb.phase if hb else None, fr_stack_traces=bool(req.get("fr_stack_traces")),
+                native=req.get("native") is not False,
                 log_paths=tuple(str(a.log_path(s)) for s in ("stdout", "stderr"))))
         except Exception as exc:  # noqa: BLE001 - diagnostics never raise
             out["evidence_error"] = f"{type(exc).__name__}: {exc}"

@@ -182,9 +182,10 @@ def _log_errors(text: str) -> list[str]:
 
 def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str | None = None,
                      step: int | None = None, phase: str | None = None,
-                     log_paths: tuple[str, ...] = (), fr_stack_traces: bool = False
-                     ) -> dict[str, Any]:
+                     log_paths: tuple[str, ...] = (), fr_stack_traces: bool = False,
+                     native: bool = True) -> dict[str, Any]:
     """Collect this rank's evidence; never raises (a failing piece is reported in `errors`).
+    `native` False leaves out py-spy's dump, which stops the process while it reads it.
 
     The controller passes one `stamp` to every rank so a diagnosis round shares a folder.
     Stacks are taken first: they are the most time-sensitive piece (a peer's death can unblock
@@ -200,7 +201,8 @@ def collect_evidence(run_dir: str | os.PathLike[str], rank: int, *, stamp: str |
     _piece(summary, "fr_dump", lambda: _collect_fr(out_dir, summary, fr_stack_traces))
     _piece(summary, "logs", lambda: _collect_logs(out_dir, summary, log_paths))
     summary["process_groups"] = process_groups()
-    _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
+    if native:
+        _piece(summary, "py-spy", lambda: _collect_pyspy(out_dir, summary))
     ann = read_announcement(run_dir, rank)
     if ann is not None:
         summary["pending"] = [*summary.get("pending", []), ann]

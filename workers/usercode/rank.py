@@ -379,7 +379,8 @@ def rank_evidence(a: RankAssignment, *, request: dict[str, Any],
     out = rank_dir(a.run_dir, stamp=stamp, rank=a.rank)
     request_id = f"{stamp}-{time.monotonic_ns()}"
     root = Path(a.run_dir).resolve()
-    probe_files.ask(probe_path(a), a.rank, out=out, request_id=request_id, root=root)
+    probe_files.ask(probe_path(a), a.rank, out=out, request_id=request_id, root=root,
+                    native=request.get("native") is not False)
     pid = heartbeat.pid if heartbeat is not None else None
     info = probe_files.await_answer(
         out, request_id=request_id, timeout_s=PROBE_ANSWER_S, root=root,

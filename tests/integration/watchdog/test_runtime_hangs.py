@@ -25,6 +25,7 @@ from orchestrator.store import open_store  # noqa: E402
 from orchestrator.store.repo import Store  # noqa: E402
 from orchestrator.watchdog.condition import rank_states  # noqa: E402
 from orchestrator.watchdog.report import DiagnosisReport  # noqa: E402
+from tests.support.evidence import assert_probe_without_native  # noqa: E402
 from tests.support.jobs import TERMINAL, submit, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -230,6 +231,8 @@ def test_slow_rank_is_a_straggler_not_a_hang(env) -> None:
     assert diags, "no straggler report"
     _show("slow", diags[-1])
     assert {(d.verdict, tuple(d.culprit_ranks)) for d in diags} == {("STRAGGLER", (2,))}
+    assert_probe_without_native(env[0].settings.data_dir / "runs" / job_id, world=3)
+
 
 
 def test_healthy_job_has_no_report(env) -> None:

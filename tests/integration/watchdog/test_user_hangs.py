@@ -27,6 +27,10 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from fastapi.testclient import TestClient  # noqa: E402
 
 from api.packaging import build_package  # noqa: E402
+from tests.support.evidence import (  # noqa: E402
+    assert_hang_round_with_native,
+    assert_probe_without_native,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -163,6 +167,7 @@ def test_rank_that_sleeps_before_all_reduce_is_not_joined_with_its_line(service,
                for e in waiting)
     assert "collectives" in rep["report"]["details"]["detection"]
     _within_bound(service, job_id, rep)
+    assert_hang_round_with_native(service.runs / job_id, [0, 1, 2])
 
 
 def test_rank_that_returns_early_is_rank_exited(service):
@@ -213,6 +218,7 @@ def test_slow_rank_is_a_straggler_and_the_job_succeeds(service):
     reports = service.reports(job_id)
     assert [(r["verdict"], r["culprit_ranks"]) for r in reports] == [("STRAGGLER", [1])]
     print(f"\n[user-hang] {reports[0]['verdict']} | {reports[0]['summary']}")
+    assert_probe_without_native(service.runs / job_id, world=3)
 
 
 def test_a_restarted_attempt_gets_the_first_step_allowance(service):

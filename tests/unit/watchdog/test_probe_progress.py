@@ -74,9 +74,12 @@ def test_probe_files_round_trip(tmp_path: Path) -> None:
     assert probe_files.collective_count({"0": {"enqueued": -1}}) is None
     assert probe_files.read_progress(tmp_path, 2, root=tmp_path) is None
     out = tmp_path / "ans"
+    probe_files.ask(tmp_path, 1, out=out, request_id="r0", root=tmp_path, native=False)
+    assert json.loads(probe_files.request_path(tmp_path, 1).read_text()) == {
+        "id": "r0", "out": str(out), "native": False}
     probe_files.ask(tmp_path, 1, out=out, request_id="r1", root=tmp_path)
     assert json.loads(probe_files.request_path(tmp_path, 1).read_text()) == {
-        "id": "r1", "out": str(out)}
+        "id": "r1", "out": str(out), "native": True}
     out.mkdir()
     (out / "probe.json").write_text(json.dumps({"id": "r0"}))  # an older answer
     assert probe_files.await_answer(out, request_id="r1", timeout_s=0.2, root=tmp_path) is None
@@ -314,3 +317,26 @@ def test_a_hostile_collective_count_is_capped_for_the_store() -> None:
     huge = {"0": {"enqueued": 10**30}, "1": {"enqueued": 5}, "2": {"enqueued": True}}
     assert probe_files.collective_count(huge) == probe_files.MAX_COLLECTIVES
     assert probe_files.collective_count({"0": {"enqueued": "7"}}) is None
+
+
+def test_a_request_without_native_stacks_takes_no_py_spy_dump(tmp_path):
+    """py-spy stops the process it reads (seconds with native frames): the straggler probe of
+    a training job asks without it; a hang round keeps it (py-spy is a test dependency)."""
+    import threading
+
+    from meshyard import _probe
+
+    answers: dict[str, dict] = {}
+
+    def probe() -> None:  # from a side thread, as the probe thread answers
+        answers["full"] = _probe.collect(tmp_path / "full", request_id="full")
+        answers["light"] = _probe.collect(tmp_path / "light", request_id="light", native=False)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join(60)
+    full, light = answers["full"], answers["light"]
+    assert "Thread " in (tmp_path / "full" / "pyspy.txt").read_text(), full["errors"]
+    assert not (tmp_path / "light" / "pyspy.txt").exists()
+    assert light["stacks"] and (tmp_path / "light" / "stacks.txt").is_file()
+    assert json.loads((tmp_path / "light" / "probe.json").read_text())["id"] == "light"
