@@ -27,10 +27,15 @@ def test_bad_import_path_fails_on_every_rank(tmp_path: Path) -> None:
     assert proc.returncode != 0
     stderr = sorted(logs.rglob("stderr.log"))
     assert len(stderr) == 2
-    for f in stderr:
-        text = f.read_text()
-        assert "ModelBuildError" in text, text[-3000:]
-        assert "cannot import module 'tests.integration.workers.no_such_module'" in text
+    named = [f for f in stderr if "ModelBuildError" in f.read_text()]
+    assert named, [f.read_text()[-3000:] for f in stderr]
+    for f in named:
+        assert "cannot import module 'tests.integration.workers.no_such_module'" in f.read_text()
+    if len(named) < len(stderr):
+        # torchrun stops the other ranks once one fails: on a loaded host a rank still
+        # importing torch then is ended by its agent before it reaches the model build
+        agent = proc.stdout + proc.stderr
+        assert "closing signal SIGTERM" in agent, agent[-3000:]
 
 
 @pytest.mark.timeout(60)
