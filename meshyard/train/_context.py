@@ -110,11 +110,21 @@ class TrainContext:
         from the main thread, makes SIGTERM set this flag instead of ending the process, so
         a loop that asks every step gets the whole grace period to save."""
         _watch_sigterm()
-        return _STOP.is_set() or _stop_file_exists()
+        return _SIGTERM.received or _stop_file_exists()
 
 
 _CONTEXT: list[TrainContext] = []
-_STOP = threading.Event()
+
+
+class _SigtermFlag:
+    """Set by the SIGTERM handler. A plain attribute, no lock: a handler that took a lock
+    (`threading.Event.set`) deadlocks when a second SIGTERM interrupts it while it holds
+    the lock, and the worker signals a rank's process group and its process tree both."""
+
+    received = False
+
+
+_SIGTERM = _SigtermFlag()
 _WATCHING: list[bool] = []
 
 
@@ -123,7 +133,11 @@ def _watch_sigterm() -> None:
         return
     _WATCHING.append(True)
     with contextlib.suppress(ValueError, OSError):
-        signal.signal(signal.SIGTERM, lambda signum, frame: _STOP.set())
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _SIGTERM.received = True
 
 
 def _stop_file_exists() -> bool:
