@@ -18,6 +18,12 @@ import pytest
 # Ray reads this when it is imported: every local Ray and simulated cluster in the tests then
 # binds 127.0.0.1 instead of the machine's public address (ARCHITECTURE.md, machine facts).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# The simulated clusters start their worker processes as the local Ray `meshyard serve` starts
+# does (orchestrator/runtime/service.py, LOCAL_RAY_CONFIG): none before there is work for one.
+# Ray's default is an idle worker per CPU once the first driver connects, and more for a
+# backlog: a CPU-second each, for processes meshyard's actors never run in.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Confined ranks add the ports they close to this host sysctl (meshyard/_confine.py,

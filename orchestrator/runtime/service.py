@@ -183,13 +183,21 @@ def connect_ray(address: str | None, *, local: LocalRay | None = None
             signal.signal(signal.SIGTERM, saved)
 
 
+# Ray starts one idle worker process per CPU of the head when the first driver connects
+# (each imports ray: about a CPU-second, and 100 MB, on a 128-core GPU host 128 of them).
+# Meshyard's worker actors never run in one (they start under their own runtime_env, through
+# the fork server), and the few plain actors it starts get a worker when they ask for one.
+LOCAL_RAY_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+
+
 def init_local_ray(*, worker_ports: tuple[int, int] | None = DEFAULT_WORKER_PORTS,
                    **kwargs: Any) -> None:
     """`ray.init` of a new local cluster on 127.0.0.1 in meshyard's namespace, its worker
     processes on `worker_ports` (isolated mode refuses user code on a node without a worker
     port range); `kwargs` go to `ray.init` (num_cpus, ...)."""
     options: dict[str, Any] = dict(namespace=NAMESPACE, include_dashboard=False,
-                                   log_to_driver=False, _node_ip_address="127.0.0.1")
+                                   log_to_driver=False, _node_ip_address="127.0.0.1",
+                                   _system_config=LOCAL_RAY_CONFIG)
     options.update(kwargs)
     with _worker_port_range(worker_ports):
         ray.init(address="local", **options)
