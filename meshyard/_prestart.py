@@ -32,6 +32,12 @@ groups, CUDA context and imports end with the child.
 
 Like the runner, it imports nothing of meshyard's control plane (user packages named `api`,
 `workers` or `orchestrator` import as the user's own).
+
+A forked worker actor may get such a process without starting one (`serve_preforked`): its
+fork server's child forks it before the worker runs (workers/host/forkserver.py), from a
+process that imported torch and holds nothing of any request, and it waits on a socket
+instead of a pipe. The actor's first message on it (`adopt`) hands over its stderr and, for a
+confined job, the TCP layer; from there it serves exactly as above.
 """
 
 from __future__ import annotations
@@ -40,10 +46,143 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 READY = b"ready\n"
 NET_FD_VAR = "MESHYARD_CONFINE_NET_FD"  # workers/host/rankproc.py sets it at spawn
+
+
+# The rank process the fork server's child forked for this worker actor, until the actor
+# takes it: (pid, this side's socket, the environment that process started with).
+PREFORKED: tuple[int, int, dict[str, str]] | None = None
+_PREFORK_MODULES = ("workers",)  # the fork server's own package: a user's may share the name
+
+
+def take_preforked() -> tuple[int, int, dict[str, str]] | None:
+    """The forked rank process, once (None: none was forked, or it was taken)."""
+    global PREFORKED
+    out, PREFORKED = PREFORKED, None
+    return out
+
+
+def preforked_pid() -> int | None:
+    return PREFORKED[0] if PREFORKED is not None else None
+
+
+def serve_preforked(sock: int, *, scrub: bytearray, parent: int) -> NoReturn:
+    """In the process the fork server's child forked (see the module doc): zero the copy of
+    the request buffer this process got, become what `python -m meshyard._prestart` started
+    by `parent` would be (its own session, dying with `parent`, the standard streams: the
+    socket for stdin and stdout, stderr until the actor's arrives; no other descriptor, no
+    module of the fork server's package, default signal handlers), wait for the actor's
+    `adopt`, then serve. Exits as that interpreter would: its threads joined, its atexit
+    handlers run."""
+    memoryview(scrub)[:] = bytes(len(scrub))
+    code = 1
+    try:
+        import ctypes
+        import signal
+        import socket
+        import types
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)  # the worker died before PR_SET_PDEATHSIG took effect
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.dup2(sock, 0)
+        os.dup2(sock, 1)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for name in [m for m in sys.modules
+                     if m.partition(".")[0] in _PREFORK_MODULES]:
+            del sys.modules[name]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        sys.argv = [os.path.abspath(__file__)]
+        _show_as([sys.executable, "-m", __name__])  # not as the fork server, in ps and /proc
+        conn = socket.socket(fileno=0)
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(conn, 1, 2)
+        finally:
+            conn.detach()  # fd 0 stays
+        if msg != b"A" or not fds:
+            os._exit(0)  # the actor closed its end: never adopted
+        os.dup2(fds[0], 2)
+        os.close(fds[0])
+        if len(fds) > 1:
+            os.environ[NET_FD_VAR] = str(fds[1])
+        _unbuffered_stdio()  # as PYTHONUNBUFFERED=1 (PrestartedRank.spawn's) makes them
+        if "numpy.random" in sys.modules:
+            sys.modules["numpy.random"].seed()  # not the fork server's state
+        code = _serve(0)
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an uncaught one
+        code = exit_status(exc)
+    finally:
+        import atexit
+        import threading
+
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # type: ignore[attr-defined] - non-daemon threads, joined
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
+
+
+def exit_status(exc: BaseException) -> int:
+    """The status an interpreter exits with when `exc` ends its main module, reported as it
+    reports it (a non-integer SystemExit code, or the traceback, on stderr)."""
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, int):
+            return exc.code
+        if exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        return 0 if exc.code is None else 1
+    import traceback
+
+    traceback.print_exception(exc)
+    return 1
+
+
+def _show_as(argv: list[str]) -> None:
+    """Writes `argv` over the command line this process inherited (the memory
+    /proc/PID/cmdline reads, /proc/PID/stat's arg_start..arg_end), NUL-padded; a longer one
+    is cut to fit."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5)
+    except (OSError, ValueError, IndexError):
+        return
+    if end <= start:
+        return
+    data = "\0".join(argv).encode()[:end - start - 1]
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
+def _unbuffered_stdio() -> None:
+    import io
+
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
+                                                   write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
+                                                   errors="backslashreplace",
+                                                   write_through=True)
+
+
+def adopt(sock: int, *, stderr: int, net_fd: int | None) -> None:
+    """The actor's side: hands the preforked process its stderr and TCP layer."""
+    import socket
+
+    with socket.socket(fileno=os.dup(sock)) as conn:
+        socket.send_fds(conn, [b"A"], [stderr] + ([net_fd] if net_fd is not None else []))
 
 
 def _startup_path(cwd: str, pythonpath: str | None, *, base: list[str]) -> list[str]:

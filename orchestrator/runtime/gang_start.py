@@ -72,7 +72,9 @@ class GangStart:
         extra: dict[str, Any] = {}
         if self.cfg.package_uri:
             extra["working_dir"] = self.cfg.package_uri
-        env = runtime_env(extra, fork=self.cfg.fork_workers)
+        # a user-code rank's actor gets its rank process forked with it (torch imported)
+        env = runtime_env(extra, fork=self.cfg.fork_workers,
+                          rank=self.cfg.spec.kind is SpecKind.USER_CODE)
         actors = []
         for i, b in enumerate(self.cfg.bundles):
             if i in pooled:

@@ -107,7 +107,8 @@ class WorkerPool:
                 return
             self._starting[node] = self._starting.get(node, 0) + need
         actors = [WorkerActor.options(  # type: ignore[attr-defined]
-            num_cpus=0, max_restarts=0, runtime_env=runtime_env(fork=self.fork),
+            num_cpus=0, max_restarts=0,
+            runtime_env=runtime_env(fork=self.fork, rank=self.prestart),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
             for _ in range(need)]
         ready = []

@@ -228,9 +228,14 @@ class WorkerActor:
         long as the actor, see PrestartedRank.spawn)."""
         if self._prestart is not None:
             return
+        net = self._net_layer()
+        # the one the fork server forked with this actor, else one started now
+        self._prestart = PrestartedRank.preforked(net=net)
+        if self._prestart is not None:
+            return
         try:
             self._prestart = PrestartedRank.spawn(python=sys.executable, env=os.environ,
-                                                  cwd=self._start_cwd, net=self._net_layer())
+                                                  cwd=self._start_cwd, net=net)
         except OSError:
             self._prestart = None  # user-code jobs start their rank cold then
 

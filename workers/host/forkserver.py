@@ -18,7 +18,23 @@ arguments. The client asks this server to fork a child, and the child becomes th
   client's connection closes (the client was killed); the client exits with the child's
   status (a signal death included), which the server relays.
 
-The server imports torch (and numpy with OpenBLAS held to one thread) and nothing of Ray
+A client whose environment has MESHYARD_FORK_RANK=1 (`runtime_env(rank=True)`: a worker of a
+user-code job, or of a pool that keeps a prestarted rank process) gets one more process: the
+child forks, before it reads anything of the request's environment, a rank process
+(meshyard/_prestart.py `serve_preforked`) that waits, torch imported, to become the actor's
+first user-code rank. It is the worker's own child, as a rank process the actor started would
+be, and the actor takes it (workers/host/rankproc.py `PrestartedRank.preforked`) instead of
+starting one that imports torch again.
+
+What a request carries is split so that no secret is ever in the server's memory (a rank
+process forked from it runs a user's code, and could read what its memory held): the first
+line, which the server reads, holds the worker's arguments, working directory and whether it
+wants a rank process; the rest, its environment (Ray's token among it), is received into one
+buffer that the server zeroes once the child is forked and that the child reads only after a
+rank process forked from it has zeroed its own copy.
+
+The server imports torch (and numpy with OpenBLAS held to one thread), the modules a rank
+process runs before the user's code (meshyard.runner and its probe), and nothing of Ray
 or meshyard's control plane: it starts no thread, holds no socket but its own and no CUDA
 context, so what a child inherits is imported code and nothing else. The child sets torch's
 and OpenBLAS's thread counts from the OMP_NUM_THREADS Ray gives the actor
@@ -42,16 +58,23 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from workers.host.forkserver_client import RANK_VAR
+
 CLIENT = Path(__file__).with_name("forkserver_client.py")
 IDLE_S = 30.0
+MAX_REQUEST = 1 << 20
 
 
-def runtime_env(extra: dict[str, Any] | None = None, *, fork: bool = True) -> dict[str, Any]:
+def runtime_env(extra: dict[str, Any] | None = None, *, fork: bool = True,
+                rank: bool = False) -> dict[str, Any]:
     """A worker actor's runtime_env: `extra` (a working_dir) plus, with `fork` (the
-    `fork_workers` setting), the client as Ray's Python."""
+    `fork_workers` setting), the client as Ray's Python; with `rank` too, the worker gets a
+    rank process forked with it (for an actor that will run a user-code rank)."""
     env = dict(extra or {})
     if fork and sys.platform == "linux":
         env["py_executable"] = shlex.join([sys.executable, "-I", "-S", str(CLIENT)])
+        if rank:
+            env["env_vars"] = {**env.get("env_vars", {}), RANK_VAR: "1"}
     return env
 
 
@@ -83,7 +106,10 @@ def serve(path: str, *, idle_s: float = IDLE_S) -> int:
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
+    from meshyard import _prestart, _probe, parallel, runner, train  # noqa: F401 - a rank's
+
     base = sys.path[1:]  # started as `python -m` in ROOT: sys.path[0] is ROOT
+    buf = bytearray(MAX_REQUEST)  # every request's environment, zeroed after each fork
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the foreground
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tmp = f"{path}.{os.getpid()}"
@@ -114,7 +140,7 @@ def serve(path: str, *, idle_s: float = IDLE_S) -> int:
             kind, pid = key.data
             try:
                 if kind == "listen":
-                    started = _accept(listener, sel, children, base)
+                    started = _accept(listener, sel, children, base, buf)
                     if started is not None:
                         child, pidfd, conn = started
                         children[child] = (conn, pidfd)
@@ -153,9 +179,11 @@ def _reap(pid: int, children: dict[int, Any], sel: Any) -> None:
     conn.close()
 
 
-def _accept(listener: Any, sel: Any, children: dict[int, Any],
-            base: list[str]) -> tuple[int, int, Any] | None:
-    """One client's request: forks its worker; (pid, pidfd, conn), or None."""
+def _accept(listener: Any, sel: Any, children: dict[int, Any], base: list[str],
+            buf: bytearray) -> tuple[int, int, Any] | None:
+    """One client's request: forks its worker; (pid, pidfd, conn), or None. Only the
+    request's first line is read here (see the module doc); the environment after it stays
+    raw bytes in `buf`, zeroed once the child has its copy."""
     import array
     import json
     import socket
@@ -165,6 +193,7 @@ def _accept(listener: Any, sel: Any, children: dict[int, Any],
         conn, _ = listener.accept()
     except OSError:
         return None
+    size = 0
     try:
         conn.settimeout(5.0)
         _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
@@ -172,30 +201,39 @@ def _accept(listener: Any, sel: Any, children: dict[int, Any],
         if uid != os.getuid():
             raise ValueError(f"a client of uid {uid}")
         fds = array.array("i")
-        data, ancdata, _flags, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+        size, ancdata, flags, _ = conn.recvmsg_into([buf], socket.CMSG_SPACE(3 * fds.itemsize))
         for level, typ, cdata in ancdata:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                 fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
-        req = json.loads(data)
-        if len(fds) != 3 or not isinstance(req, dict):
+        if flags & socket.MSG_TRUNC:
+            raise ValueError(f"a request over {MAX_REQUEST} bytes")
+        if len(fds) != 3:
             raise ValueError("a request without its three standard streams")
-        argv, env, cwd = req["argv"], req["env"], req["cwd"]
+        line = buf.find(b"\n", 0, size)
+        if line < 0:
+            raise ValueError("a request without its environment")
+        head = json.loads(bytes(buf[:line]))
+        if not isinstance(head, dict):
+            raise ValueError("a request that is not a Ray worker's")
+        argv, cwd, rank = head["argv"], head["cwd"], head.get("rank", False)
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
-                and isinstance(env, dict) and isinstance(cwd, str)
+                and isinstance(cwd, str) and isinstance(rank, bool)
                 and os.path.basename(argv[0]) == "default_worker.py"):
             raise ValueError("a request that is not a Ray worker's")
     except (OSError, ValueError, KeyError, TypeError) as exc:
+        _zero(buf, size)
         with contextlib.suppress(OSError):
             conn.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
         conn.close()
         return None
     pid = os.fork()
     if pid == 0:
-        _become_worker(argv, {str(k): str(v) for k, v in env.items()}, cwd, list(fds),
+        _become_worker(argv, buf, (line + 1, size), cwd, list(fds), rank=rank,
                        close=[listener.fileno(), conn.fileno(), sel.fileno(),
                               *[c.fileno() for c, _ in children.values()],
                               *[fd for _, fd in children.values()]],
                        base=base)
+    _zero(buf, size)
     for fd in fds:
         os.close(fd)
     try:
@@ -210,9 +248,60 @@ def _accept(listener: Any, sel: Any, children: dict[int, Any],
     return pid, pidfd, conn
 
 
-def _become_worker(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], *,
-                   close: list[int], base: list[str]) -> NoReturn:
-    """In the forked child: Ray's default_worker.py as `python ARGV` in `cwd` with `env`."""
+def _zero(buf: bytearray, size: int) -> None:
+    memoryview(buf)[:size] = bytes(size)
+
+
+def _environment(buf: bytearray, span: tuple[int, int]) -> dict[str, str]:
+    """The request's environment (the bytes after its first line), which `buf` then no
+    longer holds. Exits the child, with the reason on its stderr, when it is not one."""
+    import json
+
+    try:
+        env = json.loads(bytes(buf[span[0]:span[1]]))
+        if not (isinstance(env, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise ValueError("not an object of strings")
+    except ValueError as exc:
+        os.write(2, f"meshyard fork server: a request's environment: {exc}\n".encode())
+        os._exit(2)
+    finally:
+        _zero(buf, span[1])
+    return env
+
+
+def _fork_rank(buf: bytearray) -> tuple[int, int, dict[str, str]] | None:
+    """In the worker, before it reads its environment: forks the rank process that waits
+    for the actor (meshyard/_prestart.py `serve_preforked`). (pid, this side's socket, the
+    environment the process started with), or None when it could not be forked."""
+    import socket
+
+    try:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    env = dict(os.environ)  # the server's start-up environment (SERVER_ENV): no secret
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        mine.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        mine.close()
+        from meshyard._prestart import serve_preforked
+
+        serve_preforked(theirs.detach(), scrub=buf, parent=parent)
+    theirs.close()
+    return pid, mine.detach(), env
+
+
+def _become_worker(argv: list[str], buf: bytearray, span: tuple[int, int], cwd: str,
+                   fds: list[int], *, rank: bool, close: list[int],
+                   base: list[str]) -> NoReturn:
+    """In the forked child: Ray's default_worker.py as `python ARGV` in `cwd` with the
+    environment `buf[span]` holds; with `rank`, a rank process forked first."""
     code = 1
     try:
         import atexit
@@ -229,6 +318,12 @@ def _become_worker(argv: list[str], env: dict[str, str], cwd: str, fds: list[int
             if fd > 2:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        preforked = _fork_rank(buf) if rank else None
+        env = _environment(buf, span)
+        if preforked is not None:
+            from meshyard import _prestart
+
+            _prestart.PREFORKED = preforked
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -253,15 +348,10 @@ def _become_worker(argv: list[str], env: dict[str, str], cwd: str, fds: list[int
         try:
             runpy.run_path(argv[0], run_name="__main__")
             code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if not isinstance(exc.code, int) and exc.code is not None:
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught one
-            import traceback
+        except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an uncaught one
+            from meshyard._prestart import exit_status
 
-            traceback.print_exc()
-            code = 1
+            code = exit_status(exc)
         with contextlib.suppress(Exception):
             atexit._run_exitfuncs()
     finally:

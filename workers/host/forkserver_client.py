@@ -26,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_S = 60.0  # the server's start (its torch import) on a loaded node
 IDLE_VAR = "MESHYARD_FORK_IDLE_S"  # how long a started server waits for its next client
+RANK_VAR = "MESHYARD_FORK_RANK"  # "1": the worker gets a rank process forked with it
 MAX_SOCKET_PATH = 107  # sun_path's 108 bytes, NUL included
 # What the server keeps of this environment: nothing else is read before a request, and
 # each worker replaces the whole environment with its own.
@@ -127,7 +128,11 @@ def run(conn: socket.socket, worker_args: list[str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    req = json.dumps({"argv": worker_args, "env": dict(os.environ), "cwd": os.getcwd()})
+    # The first line is all the server reads; the environment (Ray's token among it) is
+    # read only by the forked worker (forkserver.py, the module doc).
+    head = json.dumps({"argv": worker_args, "cwd": os.getcwd(),
+                       "rank": os.environ.get(RANK_VAR) == "1"})
+    req = head + "\n" + json.dumps(dict(os.environ))
     conn.sendmsg([req.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                    array.array("i", [0, 1, 2]))])
     reply = json.loads(conn.recv(1 << 16) or b"{}")

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from meshyard._confine import ConfineError, Plan, apply
+from meshyard._prestart import adopt, preforked_pid, take_preforked
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -74,12 +76,14 @@ _WAITING: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _spared() -> set[int]:
-    """The waiting prestarted processes still running. One that ended on its own is reaped
-    here and spared no more: its pid may go to another process from then on."""
+    """The waiting prestarted processes still running, and the forked one no rank has taken
+    yet (meshyard/_prestart.py `PREFORKED`). One that ended on its own is reaped here and
+    spared no more: its pid may go to another process from then on."""
     for pid, proc in list(_WAITING.items()):
         if proc.poll() is not None:
             _WAITING.pop(pid, None)
-    return set(_WAITING)
+    forked = preforked_pid()
+    return set(_WAITING) | ({forked} if forked is not None else set())
 
 
 def descendants(pid: int) -> set[int]:
@@ -301,6 +305,30 @@ class PrestartedRank:
                                 start_new_session=True, pass_fds=(net[0],) if net else ())
         return cls(proc, python=python, env=spawn_env, ports=net[1] if net else None)
 
+    @classmethod
+    def preforked(cls, *, net: tuple[int, tuple[int, ...]] | None = None
+                  ) -> PrestartedRank | None:
+        """The rank process the fork server forked with this worker (meshyard/_prestart.py
+        `serve_preforked`), handed this process's stderr and `net` (as `spawn`'s); None when
+        there is none (a worker Ray started itself, or it was taken) or it is gone. Its
+        start-up environment is the fork server's, which `fits` compares as `spawn`'s."""
+        taken = take_preforked()
+        if taken is None:
+            return None
+        pid, sock, env = taken
+        child = _ForkedChild(pid, sock)
+        try:
+            if child.poll() is not None:
+                raise OSError("it ended")
+            adopt(sock, stderr=2, net_fd=net[0] if net else None)
+        except OSError:
+            _kill(child)  # type: ignore[arg-type]
+            return None
+        if net is not None:
+            env = {**env, NET_FD_VAR: str(net[0])}
+        return cls(child, python=sys.executable, env=env,  # type: ignore[arg-type]
+                   ports=net[1] if net else None)
+
     def wait_ready(self, *, timeout_s: float = 120.0) -> bool:
         """Blocks until its imports are done (True), or it died / took too long (False)."""
         proc = self._proc
@@ -429,6 +457,50 @@ class PrestartedRank:
         if proc is not None:
             _WAITING.pop(proc.pid, None)
             _kill(proc)
+
+
+class _ForkedChild:
+    """A child of this process that subprocess did not start (the preforked rank process),
+    with what PrestartedRank and RankProcess use of a Popen: its socket as stdin / stdout,
+    `poll`, `wait`, `pid`, `returncode`."""
+
+    def __init__(self, pid: int, sock: int) -> None:
+        self.pid, self.returncode = pid, None
+        self.stdin: Any = open(os.dup(sock), "wb", buffering=0)  # noqa: SIM115 - kept open
+        self.stdout: Any = open(sock, "rb", buffering=0)  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0  # reaped elsewhere: what Popen.poll answers then
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import select
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            pidfd = -1  # gone already: poll below reaps it
+        try:
+            while (code := self.poll()) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(0.01)
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        return code
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

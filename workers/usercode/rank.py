@@ -271,6 +271,10 @@ def _run_rank(a: RankAssignment, *, env: dict[str, str], where: Path, report: Pa
     argv = rank_argv(ep, python=sys.executable)
     spawned: PrestartedRank | None = None
     try:
+        if prestarted is None:
+            # the process the fork server forked with this actor (torch imported), if any
+            prestarted = spawned = PrestartedRank.preforked(
+                net=(confine.net_fd, confine.plan.denied_ports) if confine else None)
         if a.runs_user_preflight:
             if prestarted is None or prestarted.pid is None or prestarted.returncode() is not None:
                 # the process that runs the check and then becomes the rank: one torch

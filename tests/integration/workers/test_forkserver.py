@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,22 @@ elif mode == "sleep":
     time.sleep(60)
 elif mode == "selfkill":
     os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "rank":  # the rank process forked with this worker: report it, then use it
+    from pathlib import Path
+    from meshyard import _prestart
+    info = _prestart.PREFORKED
+    print(json.dumps({"worker": os.getpid(), "rank": info[0] if info else None}), flush=True)
+    sys.stdin.readline()  # the test looks at the waiting process first
+    from workers.host.rankproc import PrestartedRank
+    pre = PrestartedRank.preforked()
+    ready = pre.wait_ready(timeout_s=60)
+    d = os.environ["OUT_DIR"]
+    env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", "RANK_SAYS": "hi"}
+    argv = [sys.executable, "-m", "meshyard.runner", "script", os.path.join(d, "user.py"), "x"]
+    proc = pre.hand(argv, env=env, cwd=d, stdout=Path(d, "out"), stderr=Path(d, "err"))
+    rc = proc.wait(60) if proc is not None else None
+    print(json.dumps({"ready": ready, "handed": proc is not None, "rc": rc,
+                      "again": PrestartedRank.preforked() is None}), flush=True)
 '''
 
 
@@ -102,14 +119,15 @@ def _worker_dir(tmp_path: Path) -> Path:
 
 
 def _start(tmp_path: Path, temp_dir: Path, *, env: dict[str, str] | None = None,
-           cwd: Path | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+           cwd: Path | None = None, args: tuple[str, ...] = (),
+           stdin: int | None = None) -> subprocess.Popen[str]:
     script = _worker_dir(tmp_path) / "default_worker.py"
     full = {"PATH": os.environ["PATH"], "HOME": "/root", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-I", "-S", str(client.__file__), str(script),
          f"--temp-dir={temp_dir}", *args],
-        env=full, cwd=cwd or tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        env=full, cwd=cwd or tmp_path, stdin=stdin, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
 
 
 def test_a_worker_is_forked_with_the_clients_environment_streams_and_arguments(
@@ -194,11 +212,17 @@ def test_the_server_refuses_anything_but_a_ray_worker(tmp_path: Path, temp_dir: 
     path = client.socket_path(str(temp_dir), python=sys.executable)
     evil = tmp_path / "evil.py"
     evil.write_text("open('/tmp/pwned', 'w')")
-    for req, fds in ((b"not json", [0, 1, 2]),
-                     (json.dumps({"argv": [str(evil)], "env": {}, "cwd": "/"}).encode(),
+    def message(head: object, env: object = None) -> bytes:
+        return json.dumps(head).encode() + b"\n" + json.dumps(env or {}).encode()
+
+    for req, fds in ((b"not json\n{}", [0, 1, 2]),
+                     (message({"argv": [str(evil)], "cwd": "/"}), [0, 1, 2]),
+                     (message({"argv": ["/x/default_worker.py"], "cwd": "/"}), [0]),
+                     (message({"argv": ["/x/default_worker.py"], "cwd": "/", "rank": "yes"}),
                       [0, 1, 2]),
-                     (json.dumps({"argv": ["/x/default_worker.py"], "env": {}, "cwd": "/"})
-                      .encode(), [0])):
+                     # the whole request on one line: the server reads no environment
+                     (json.dumps({"argv": ["/x/default_worker.py"], "cwd": "/", "env": {}})
+                      .encode(), [0, 1, 2])):
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             s.connect(path)
             import array
@@ -246,3 +270,95 @@ def test_the_runtime_env_names_the_client_only_when_forking() -> None:
     env = runtime_env({"working_dir": "gcs://x.zip"})
     assert env["working_dir"] == "gcs://x.zip"
     assert shlex.split(env["py_executable"]) == [sys.executable, "-I", "-S", client.__file__]
+
+
+USER_SCRIPT = r'''
+import atexit, json, os, sys, threading, time
+def late():
+    time.sleep(0.3)
+    open("thread-joined", "w").close()
+threading.Thread(target=late).start()  # not a daemon: the process waits for it
+atexit.register(lambda: open("atexit-ran", "w").close())
+print(json.dumps({
+    "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0) == os.getpid(),
+    "name": __name__, "argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ),
+    "torch": "torch" in sys.modules,
+    "control_plane": sorted(m for m in sys.modules
+                            if m.partition(".")[0] in ("workers", "orchestrator", "api")),
+    "write_through": sys.stdout.write_through,
+    "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+}))
+sys.exit(7)
+'''
+
+
+def _memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether any readable writable mapping of `pid` holds `needle` (root reads
+    /proc/PID/mem)."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if not fields[1].startswith("rw") or (len(fields) > 5 and fields[5] in (
+                    "[vvar]", "[vsyscall]", "[vdso]")):
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(lo)
+                if needle in mem.read(hi - lo):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_a_rank_process_forked_with_the_worker_holds_no_secret_and_becomes_the_rank(
+        tmp_path: Path, temp_dir: Path) -> None:
+    """MESHYARD_FORK_RANK=1: the worker gets a child forked before it read its environment,
+    which holds nothing of any request (the server never parses one; both copies of the
+    buffer are zeroed), waits in its own session, and becomes the user's rank as a
+    prestarted process would: the rank's environment only, unbuffered streams, no fork
+    server module, its threads joined and atexit run before it exits with the script's
+    status."""
+    secret = f"tok-{os.urandom(12).hex()}"
+    out = tmp_path / "rank"
+    out.mkdir()
+    (out / "user.py").write_text(USER_SCRIPT)
+    p = _start(tmp_path, temp_dir, stdin=subprocess.PIPE,
+               env={"MODE": "rank", client.RANK_VAR: "1", "RAY_AUTH_TOKEN": secret,
+                    "OUT_DIR": str(out), "PYTHONPATH": str(Path(__file__).parents[3])})
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        first = json.loads(p.stdout.readline() or "{}")
+        worker, rank = first.get("worker"), first.get("rank")
+        assert rank is not None, (first, p.stderr.read() if p.poll() is not None else "")
+        # Its set-up done (the last step before it waits for the actor: its command line)
+        expected = [sys.executable.encode(), b"-m", b"meshyard._prestart"]
+        deadline = time.monotonic() + 60
+        while (shown := Path(f"/proc/{rank}/cmdline").read_bytes().rstrip(b"\0")
+               .split(b"\0")) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shown == expected
+        status = dict(line.split(":\t", 1) for line in
+                      Path(f"/proc/{rank}/status").read_text().splitlines() if ":\t" in line)
+        assert int(status["PPid"]) == worker
+        assert os.getsid(rank) == rank
+        assert sorted(int(f) for f in os.listdir(f"/proc/{rank}/fd")) == [0, 1, 2]
+        assert secret.encode() not in Path(f"/proc/{rank}/environ").read_bytes()
+        assert _memory_holds(worker, secret.encode())  # the check can see one
+        assert not _memory_holds(rank, secret.encode())
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        done = json.loads(p.stdout.readline() or "{}")
+        assert done == {"ready": True, "handed": True, "rc": 7, "again": True}, \
+            (done, (out / "err").read_text() if (out / "err").exists() else "")
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    got = json.loads((out / "out").read_text())
+    assert got["pid"] == rank and got["ppid"] == worker and got["sid"]
+    assert got["name"] == "__main__" and got["argv"] == [str(out / "user.py"), "x"]
+    assert got["cwd"] == str(out) and got["env"]["RANK_SAYS"] == "hi"
+    assert "RAY_AUTH_TOKEN" not in got["env"] and "OUT_DIR" not in got["env"]
+    assert got["torch"] and got["control_plane"] == [] and got["write_through"]
+    assert got["fds"][:3] == [0, 1, 2]
+    assert (out / "thread-joined").exists() and (out / "atexit-ran").exists()
