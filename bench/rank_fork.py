@@ -33,13 +33,8 @@ from typing import Any
 
 IMPORTS = "import torch, torch._dynamo, torch.distributed, torch.nn.parallel"
 
-RANK_WORK = """
-import os, sys
-from datetime import timedelta
-import torch, torch.distributed as dist
-rank, port = int(sys.argv[1]), int(sys.argv[2])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=2, timeout=timedelta(seconds=60))
+# A rank's work once its process group is up: wrap an MLP in DDP, one step, leave the group.
+DDP_STEP = """
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(
     torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)))
@@ -48,6 +43,15 @@ model(torch.randn(16, 64)).sum().backward()
 opt.step()
 dist.destroy_process_group()
 """
+
+RANK_WORK = """
+import os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=timedelta(seconds=60))
+""" + DDP_STEP
 
 
 def _free_port() -> int:

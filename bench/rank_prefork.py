@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.rank_fork import DDP_STEP  # noqa: E402
 from workers.host import forkserver_client as client  # noqa: E402
 
 RANK = """
@@ -45,14 +46,7 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1,
                         timeout=timedelta(seconds=60))
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(
-    torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-model(torch.randn(16, 64)).sum().backward()
-opt.step()
-dist.destroy_process_group()
-"""
+""" + DDP_STEP
 
 WORKER = """
 import json, os, resource, sys, time

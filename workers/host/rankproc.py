@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from meshyard._confine import ConfineError, Plan, apply
-from meshyard._prestart import adopt, preforked_pid, take_preforked
+from meshyard._prestart import NET_FD_VAR, adopt, preforked_pid, take_preforked
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -256,7 +256,6 @@ RUNNER = ("-m", "meshyard.runner")
 _STARTUP_EXACT = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 _STARTUP_FREE = ("PYTHONPATH", "PYTHONUNBUFFERED")
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-NET_FD_VAR = "MESHYARD_CONFINE_NET_FD"  # the prestarted process's TCP layer (its own env)
 _OWN_VARS = (NET_FD_VAR, "OPENBLAS_NUM_THREADS")
 
 
