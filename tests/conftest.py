@@ -152,6 +152,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            """With three workers or more, the last one fills in from the back of the queue
+            (the unit tests, then the other in-process folders): the machine's idle time while
+            the front workers' scenarios wait out thresholds and polls goes to tests that
+            only need CPU, and those scenarios never see a third Ray cluster beside theirs."""
+            last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
+            if len(self.nodes) >= 3 and node is last and self.workqueue:
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
+
     return SharedClusterScheduling(config, log)
 
 
