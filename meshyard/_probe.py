@@ -23,6 +23,13 @@ Flight Recorder and NCCL_DEBUG_FILE variables, before the process starts). One d
 Idle cost: one `stat()` of the request path per wake, and the watermark read; nothing is
 written while nothing moves.
 
+The probe never calls into c10d while the rank tears its process groups down: once
+`torch.distributed` is imported, `destroy_process_group` is wrapped (`guard_teardown`) to
+hold a lock the probe takes around its own c10d calls, and the probe takes it for good when
+the interpreter exits. A Flight Recorder dump from the side thread racing the destruction of
+the groups it reads is a lock-order hazard between the recorder and the GIL; the lock keeps
+the two apart.
+
 Why not torch's `torch.distributed.debug` (torch 2.13): its per-rank C++ `_WorkerServer`
 answers `dump_traceback`, `fr_trace_json` and `pyspy_dump` (checked here: it also listens on
 a UNIX socket and runs handlers registered with `_register_handler` while the main thread is
@@ -85,6 +92,36 @@ def _dist() -> Any:
         return None
 
 
+# Held by the probe around its calls into c10d and by `destroy_process_group` (re-entrant:
+# destroying the default group destroys its subgroups through the same function).
+_C10D_LOCK = threading.RLock()
+_LOCK_WAIT_S = 5.0
+
+
+def guard_teardown() -> bool:
+    """Wraps torch.distributed's `destroy_process_group` so it runs under `_C10D_LOCK`;
+    True once it is wrapped (torch.distributed imported). Idempotent."""
+    mod = sys.modules.get("torch.distributed.distributed_c10d")
+    original = getattr(mod, "destroy_process_group", None)
+    if original is None:
+        return False
+    if getattr(original, "_meshyard_guarded", False):
+        return True
+
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        with _C10D_LOCK:
+            return original(*args, **kwargs)
+
+    destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    destroy_process_group.__doc__ = original.__doc__
+    destroy_process_group._meshyard_guarded = True  # type: ignore[attr-defined]
+    mod.destroy_process_group = destroy_process_group  # type: ignore[union-attr]
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "destroy_process_group", None) is original:
+        dist.destroy_process_group = destroy_process_group
+    return True
+
+
 def _c10d() -> Any:
     torch_c = sys.modules.get("torch._C._distributed_c10d")
     return torch_c if torch_c is not None and hasattr(torch_c, "_dump_fr_trace") else None
@@ -93,10 +130,15 @@ def _c10d() -> Any:
 def watermarks() -> dict[str, dict[str, int]]:
     """Per process group (keyed by group name; a rank process is fresh, so the recorder's
     uids are the names): last enqueued and completed collective seq."""
-    c10d = _c10d()
-    if c10d is None or _dist() is None:
+    if not guard_teardown() or not _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S):
         return {}
-    raw = pickle.loads(c10d._dump_fr_trace(False, False, False))  # noqa: S301 - torch's bytes
+    try:
+        c10d = _c10d()
+        if c10d is None or _dist() is None:
+            return {}
+        raw = pickle.loads(c10d._dump_fr_trace(False, False, False))  # noqa: S301 - torch's
+    finally:
+        _C10D_LOCK.release()
     out = {}
     for pg, st in (raw.get("pg_status") or {}).items():
         out[str(pg)] = {"enqueued": int(st.get("last_enqueued_collective", -1)),
@@ -144,15 +186,24 @@ def collect(out: Path, *, request_id: str, native: bool = True) -> dict[str, Any
     except Exception as exc:  # noqa: BLE001
         info["errors"].append(f"stacks: {type(exc).__name__}: {exc}")
     del frame, main, threads
-    info["initialized"] = _dist() is not None
-    try:
-        c10d = _c10d()
-        if c10d is not None and info["initialized"]:
-            (out / FR_TRACE_FILE).write_bytes(c10d._dump_fr_trace(True, False, False))
-            info["artifacts"].append(str(out / FR_TRACE_FILE))
-    except Exception as exc:  # noqa: BLE001
-        info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
-    info["process_groups"] = process_groups()
+    guard_teardown()
+    if _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S):
+        try:
+            info["initialized"] = _dist() is not None
+            c10d = _c10d()
+            if c10d is not None and info["initialized"]:
+                (out / FR_TRACE_FILE).write_bytes(c10d._dump_fr_trace(True, False, False))
+                info["artifacts"].append(str(out / FR_TRACE_FILE))
+            info["process_groups"] = process_groups()
+        except Exception as exc:  # noqa: BLE001
+            info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
+        finally:
+            _C10D_LOCK.release()
+    else:
+        info["initialized"] = _dist() is not None
+        info["errors"].append(f"fr_dump: the process groups were being destroyed for over "
+                              f"{_LOCK_WAIT_S:.0f} s")
+    info.setdefault("process_groups", {})
     exe = pyspy_path() if native else None
     if exe is not None:
         try:
@@ -177,6 +228,10 @@ class Probe:
         self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
 
     def start(self) -> Probe:
+        # Before the user's code binds the name (`from torch.distributed import ...`) where
+        # torch.distributed is already imported (a rank forked with its worker); otherwise
+        # at the first wake that finds it imported.
+        guard_teardown()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write_progress({})
         self.thread.start()
@@ -189,6 +244,9 @@ class Probe:
         printed an uncaught exception), so a watcher tells the rank that left from the peers
         that failed of it."""
         self._stop.set()
+        # Held from here on: the probe makes no c10d call while the interpreter finalizes
+        # (and may destroy the groups the user's code left).
+        _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S)
         err = getattr(sys, "last_value", None)
         with contextlib.suppress(Exception):
             write_json_atomic(progress_path(self.dir, self.rank), {
