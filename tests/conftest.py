@@ -104,17 +104,24 @@ def _rank(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Folders with the longest tests first; each folder's modules, and each module's tests,
-    kept together and in order, so a run that fails on a slow module says so early. `make
-    test` hands whole modules, or the groups of modules in XDIST_GROUPS, to its two xdist
-    workers in this order."""
+    """The XDIST_GROUPS groups first (the longest units of work, in the order listed), then
+    folders with the longest tests; each folder's modules, and each module's tests, kept
+    together and in order, so a run that fails on a slow module says so early. `make test`
+    hands whole modules, or the groups, to its xdist workers in this order: the longest
+    first, so that no long unit starts late and ends the run alone."""
+    groups = {g: i for i, g in enumerate(dict.fromkeys(XDIST_GROUPS.values()))}
     first: dict[Path, int] = {}
     rank: dict[Path, int] = {}
     for i, item in enumerate(items):
         folder = Path(str(item.path)).parent
         first.setdefault(folder, i)
         rank[folder] = min(rank.get(folder, 2), _rank(item))
-    items.sort(key=lambda it: (rank[Path(str(it.path)).parent], first[Path(str(it.path)).parent]))
+
+    def key(it: pytest.Item) -> tuple[int, int, int]:
+        folder = Path(str(it.path)).parent
+        return (groups.get(xdist_scope(it.nodeid), len(groups)), rank[folder], first[folder])
+
+    items.sort(key=key)
 
 
 # Test files whose modules share a package-scoped Ray cluster, or a machine-wide resource that
@@ -130,6 +137,11 @@ XDIST_GROUPS = {
     # each module brings its own up and down
     "tests/lab/": "lab",
 }
+
+
+# With three xdist workers or more, the last takes only the modules under this folder
+# (in-process tests that need nothing but CPU), from the back of the queue.
+FILLER_PREFIX = "tests/unit/"
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -153,13 +165,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            """With three workers or more, the last one fills in from the back of the queue
-            (the unit tests, then the other in-process folders): the machine's idle time while
-            the front workers' scenarios wait out thresholds and polls goes to tests that
-            only need CPU, and those scenarios never see a third Ray cluster beside theirs."""
+            """With three workers or more, the last one takes only the unit tests, from the
+            back of the queue, and stops when none is left: the machine's idle time while
+            the other workers' scenarios wait out thresholds and polls goes to tests that
+            only need CPU, and no scenario ever has a third one's Ray cluster beside it."""
             last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
-            if len(self.nodes) >= 3 and node is last and self.workqueue:
-                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            if len(self.nodes) >= 3 and node is last:
+                back = next(reversed(self.workqueue))
+                if not back.startswith(FILLER_PREFIX):
+                    node.shutdown()
+                    return
+                self.workqueue.move_to_end(back, last=False)
             super()._assign_work_unit(node)
 
     return SharedClusterScheduling(config, log)
