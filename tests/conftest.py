@@ -139,9 +139,15 @@ XDIST_GROUPS = {
 }
 
 
-# With three xdist workers or more, the last takes only the modules under this folder
-# (in-process tests that need nothing but CPU), from the back of the queue.
-FILLER_PREFIX = "tests/unit/"
+# With three xdist workers or more, the last takes only these modules, from the back of the
+# queue: tests that start no Ray, no torch.distributed job and no browser (in-process tests,
+# and the API's and the database's, whose servers and CLI runs need nothing but CPU).
+FILLER_FOLDERS = ("tests/unit/", "tests/integration/api/", "tests/integration/store/")
+FILLER_EXCLUDED = ("tests/integration/api/test_ray_train_driver.py",)  # a service with Ray
+
+
+def filler_scope(scope: str) -> bool:
+    return scope.startswith(FILLER_FOLDERS) and scope not in FILLER_EXCLUDED
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -165,17 +171,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            """With three workers or more, the last one takes only the unit tests, from the
-            back of the queue, and stops when none is left: the machine's idle time while
+            """With three workers or more, the last one takes only the modules
+            `filler_scope` allows, from the back of the queue, and stops when none is left: the machine's idle time while
             the other workers' scenarios wait out thresholds and polls goes to tests that
             only need CPU, and no scenario ever has a third one's Ray cluster beside it."""
             last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
             if len(self.nodes) >= 3 and node is last:
-                back = next(reversed(self.workqueue))
-                if not back.startswith(FILLER_PREFIX):
+                light = next((s for s in reversed(self.workqueue) if filler_scope(s)), None)
+                if light is None:
                     node.shutdown()
                     return
-                self.workqueue.move_to_end(back, last=False)
+                self.workqueue.move_to_end(light, last=False)
             super()._assign_work_unit(node)
 
     return SharedClusterScheduling(config, log)
