@@ -139,14 +139,21 @@ XDIST_GROUPS = {
 }
 
 
-# With three xdist workers or more, the last takes only these modules, from the back of the
-# queue: tests that start no Ray, no torch.distributed job and no browser (in-process tests,
-# and the API's and the database's, whose servers and CLI runs need nothing but CPU).
-FILLER_FOLDERS = ("tests/unit/", "tests/integration/api/", "tests/integration/store/")
-FILLER_EXCLUDED = ("tests/integration/api/test_ray_train_driver.py",)  # a service with Ray
+# With three xdist workers or more, the last one (the filler) takes, from the back of the
+# queue, the modules that start no Ray and no torch.distributed job (in-process tests; the
+# API's, the database's and the dashboard's, whose servers, CLI runs and browser need nothing
+# but CPU), then the FILLER_LAST groups (the lab, whose scenarios mostly wait on failure
+# detection), then stops. The other workers leave these to it while anything else is left.
+FILLER_FOLDERS = ("tests/unit/", "tests/integration/api/", "tests/integration/store/",
+                  "tests/e2e/")
+FILLER_EXCLUDED = (  # services that run jobs on a local Ray
+    "tests/integration/api/test_ray_train_driver.py", "tests/e2e/test_dashboard_runtime.py",
+    "tests/e2e/test_dashboard_reading.py")
+FILLER_LAST = ("lab",)
 
 
 def filler_scope(scope: str) -> bool:
+    """A unit the filler takes before the FILLER_LAST groups."""
     return scope.startswith(FILLER_FOLDERS) and scope not in FILLER_EXCLUDED
 
 
@@ -171,17 +178,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            """With three workers or more, the last one takes only the modules
-            `filler_scope` allows, from the back of the queue, and stops when none is left: the machine's idle time while
-            the other workers' scenarios wait out thresholds and polls goes to tests that
-            only need CPU, and no scenario ever has a third one's Ray cluster beside it."""
-            last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
-            if len(self.nodes) >= 3 and node is last:
-                light = next((s for s in reversed(self.workqueue) if filler_scope(s)), None)
-                if light is None:
-                    node.shutdown()
-                    return
-                self.workqueue.move_to_end(light, last=False)
+            """With three workers or more: the filler (the last worker) takes the last unit
+            `filler_scope` allows, else a FILLER_LAST group, else stops; the others take the
+            first unit that is neither, else the first one. The machine's idle time while
+            the scenarios wait out thresholds and polls goes to tests that need only CPU,
+            and at most one scenario beside the two front workers' starts a Ray cluster."""
+            queue = self.workqueue
+            if len(self.nodes) >= 3:
+                last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
+                if node is last:
+                    pick = next((s for s in reversed(queue) if filler_scope(s)), None) or \
+                        next((s for s in queue if s in FILLER_LAST), None)
+                    if pick is None:
+                        node.shutdown()
+                        return
+                else:
+                    pick = next((s for s in queue if not filler_scope(s)
+                                 and s not in FILLER_LAST), next(iter(queue)))
+                queue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
 
     return SharedClusterScheduling(config, log)
