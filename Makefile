@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # The suite runs on three pytest-xdist workers, one test module at a time each (a module's
-# fixtures start once), taking modules in the order tests/conftest.py sorts them: the folders
-# with the longest tests first, the unit tests last. Two take from the front; the third
-# takes from the back, so the in-process tests fill the time the scenarios spend waiting on
-# thresholds and polls, on a 2-core machine, without a third cluster beside them. The modules that share a
-# package's Ray cluster go to one worker together (tests/conftest.py, XDIST_GROUPS), so
-# that cluster starts once in the run; so do the lab's modules (one lab a machine).
+# fixtures start once). Two take the longest units first: the modules that share a package's
+# Ray cluster, as one unit (tests/conftest.py, XDIST_GROUPS), so that cluster starts once in
+# the run, then the folders with slow tests. The third takes, from the back of the queue,
+# the modules that start no Ray and no training job, then the lab's (one lab a machine), and
+# stops: on a 2-core machine it fills the time the scenarios spend waiting on thresholds and
+# polls, with no Ray scenario but the lab beside theirs (tests/conftest.py, FILLER_FOLDERS).
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
