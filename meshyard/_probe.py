@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -108,12 +109,11 @@ def guard_teardown() -> bool:
     if getattr(original, "_meshyard_guarded", False):
         return True
 
+    @functools.wraps(original)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         with _C10D_LOCK:
             return original(*args, **kwargs)
 
-    destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    destroy_process_group.__doc__ = original.__doc__
     destroy_process_group._meshyard_guarded = True  # type: ignore[attr-defined]
     mod.destroy_process_group = destroy_process_group  # type: ignore[union-attr]
     dist = sys.modules.get("torch.distributed")
@@ -129,9 +129,12 @@ def _c10d() -> Any:
 
 def watermarks() -> dict[str, dict[str, int]]:
     """Per process group (keyed by group name; a rank process is fresh, so the recorder's
-    uids are the names): last enqueued and completed collective seq."""
-    if not guard_teardown() or not _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S):
+    uids are the names): last enqueued and completed collective seq. Raises TimeoutError
+    while the groups are being destroyed (nothing is known then; the last record stands)."""
+    if not guard_teardown():
         return {}
+    if not _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S):
+        raise TimeoutError("the process groups are being destroyed")
     try:
         c10d = _c10d()
         if c10d is None or _dist() is None:
@@ -187,23 +190,24 @@ def collect(out: Path, *, request_id: str, native: bool = True) -> dict[str, Any
         info["errors"].append(f"stacks: {type(exc).__name__}: {exc}")
     del frame, main, threads
     guard_teardown()
-    if _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S):
-        try:
-            info["initialized"] = _dist() is not None
-            c10d = _c10d()
-            if c10d is not None and info["initialized"]:
-                (out / FR_TRACE_FILE).write_bytes(c10d._dump_fr_trace(True, False, False))
-                info["artifacts"].append(str(out / FR_TRACE_FILE))
-            info["process_groups"] = process_groups()
-        except Exception as exc:  # noqa: BLE001
-            info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
-        finally:
-            _C10D_LOCK.release()
-    else:
+    held = _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S)
+    try:
         info["initialized"] = _dist() is not None
-        info["errors"].append(f"fr_dump: the process groups were being destroyed for over "
-                              f"{_LOCK_WAIT_S:.0f} s")
-    info.setdefault("process_groups", {})
+        if not held:
+            info["errors"].append(f"fr_dump: the process groups were being destroyed for "
+                                  f"over {_LOCK_WAIT_S:.0f} s")
+        else:
+            try:
+                c10d = _c10d()
+                if c10d is not None and info["initialized"]:
+                    (out / FR_TRACE_FILE).write_bytes(c10d._dump_fr_trace(True, False, False))
+                    info["artifacts"].append(str(out / FR_TRACE_FILE))
+            except Exception as exc:  # noqa: BLE001
+                info["errors"].append(f"fr_dump: {type(exc).__name__}: {exc}")
+        info["process_groups"] = process_groups() if held else {}
+    finally:
+        if held:
+            _C10D_LOCK.release()
     exe = pyspy_path() if native else None
     if exe is not None:
         try:
