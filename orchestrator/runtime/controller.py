@@ -399,7 +399,7 @@ class AttemptController:
                     gang.stop_all(grace_s=grace)
                 else:  # the ranks' own grace, and time to report how they ended
                     gang.stop_all(grace_s=preempt + grace, rank_grace_s=preempt)
-                self._forward(gang.drain())
+                self._forward(gang.drain(final=True))
                 self._poll_uploads(end_within_s=_END_UPLOADS_S)
                 gang.kill()
                 self._finish(Cancelled(message="workers stopped on request" if preempt is None
@@ -413,7 +413,7 @@ class AttemptController:
                 gang.settle(timeout_s=5.0)
                 watch.on_failures(gang, gang.failures())  # peers left waiting: diagnose
                 gang.stop_all(grace_s=max(grace, 3.0))
-                self._forward(gang.drain())
+                self._forward(gang.drain(final=True))
                 failures = gang.failures()  # fallout from other ranks joins the groups
                 outcome = failed_outcome(self.config, failures, cause=watch.open_report,
                                          gang=gang)
@@ -425,7 +425,7 @@ class AttemptController:
                 self._finish(replace(outcome, unreachable_nodes=gang.unreachable_nodes()))
                 return
             if finished and gang.all_done():
-                self._forward(gang.drain())
+                self._forward(gang.drain(final=True))
                 self._poll_uploads(end_within_s=_FINAL_UPLOADS_S)
                 gang.kill(succeeded=True)
                 self._finish(Succeeded())

@@ -254,8 +254,10 @@ class WorkerGang:
             if len(self._results) > ended:
                 ended, last_end = len(self._results), time.monotonic()
 
-    def drain(self) -> Drained:
-        """Polls every live worker: metrics, log lines, heartbeats, per-rank updates."""
+    def drain(self, *, final: bool = False) -> Drained:
+        """Polls every live worker: metrics, log lines, heartbeats, per-rank updates.
+        `final`: the attempt's last drain, which waits for the dead ranks' last output
+        (RankOutputs.dead_ranks_output)."""
         live = {r: w for r, w in self.workers.items() if r not in self._dead}
         # A poll not answered within its tick stays asked (what it returns is the rank's
         # output, read when it comes); a new one goes out beside it each tick, at most
@@ -324,7 +326,7 @@ class WorkerGang:
             if res.failed:
                 ranks.setdefault(r, {})["state"] = RankState.FAILED
         logs.extend(self.out.dead_ranks_output(self.ranks, self._results,
-                                               unreachable=self.unreachable))
+                                               unreachable=self.unreachable, final=final))
         self.out.remember_lines(logs)
         return Drained(metrics=tuple(metrics), logs=tuple(logs), ranks=ranks,
                        usage=tuple(usage), checkpoints=tuple(checkpoints),

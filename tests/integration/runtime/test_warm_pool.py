@@ -121,21 +121,47 @@ def _pids(store, job_id: str) -> set[int]:
     return {r.pid for r in store.list_ranks(job_id)}
 
 
+def _wait_cpus_free(timeout_s: float = 120.0) -> None:
+    """Until every node's CPUs are free: a finished job's placement group is removed after
+    its state is written, and a CPU job goes to the node with the most free CPUs (ties by
+    name: c1 first), whose idle warm actors it leases."""
+    from orchestrator.runtime.nodes import read_ray_nodes
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = {n.node_id[:8]: (n.free_cpus, n.cpus) for n in read_ray_nodes()
+                if n.free_cpus < n.cpus}
+        if not busy:
+            return
+        assert time.monotonic() < deadline, f"CPUs still held (free, total): {busy}"
+        time.sleep(0.5)
+
+
+def _history(store: Store, job_id: str) -> list[str]:
+    """The job's events, for a failure message: an attempt that failed and was restarted
+    explains workers that were not reused."""
+    return [f"{e.kind}: {e.message}" for e in store.list_events(job_id)]
+
+
 @pytest.mark.slow
 def test_pooled_workers_are_reused_isolated_and_replaced_after_failure(pooled, pool_store):
     runtime, store = pooled, pool_store
+    _wait_cpus_free()  # both jobs land on c1
     first = submit(store, _spec("pollutes"))
     assert wait_state(store, first, JobState.SUCCEEDED, JobState.FAILED).state == \
         JobState.SUCCEEDED
-    # The job is SUCCEEDED before its controller hands its actors back: placed before that,
-    # the next job would lease another node's idle ones.
+    # The job is SUCCEEDED before its controller hands its actors back and before its
+    # placement group is removed: placed before that, the next job would go to another node
+    # and lease the idle ones there.
     runtime.wait_for_pool(timeout_s=300)
+    _wait_cpus_free()
     # The second job's model raises if the first job's env var or module state survived.
     second = submit(store, _spec("expects-clean", kwargs={"expect_clean": True}))
     job = wait_state(store, second, JobState.SUCCEEDED, JobState.FAILED)
     assert job.state == JobState.SUCCEEDED, job.message
     # same warm processes, reused (else the pool says why it retired them)
-    assert _pids(store, second) == _pids(store, first), runtime.pool_status(max_age_s=0)
+    assert _pids(store, second) == _pids(store, first), \
+        (runtime.pool_status(max_age_s=0), _history(store, first), _history(store, second))
 
     crashed = submit(store, _spec("crashes", fault_tolerance={"max_failures": 0},
                                   inject_fault={"kind": "crash", "rank": 0, "step": 1}))
