@@ -10,6 +10,8 @@
 # MESHYARD_NODE_LABELS (k=v,k=v). The node is named MESHYARD_NODE_NAME (default: the short
 # hostname), the name a declared cluster file uses for it.
 # RAY_NUM_GPUS / RAY_NUM_CPUS declare the node's resources (default: what Ray detects).
+# RAY_DASHBOARD=0 starts the head without Ray's dashboard (its web UI and state API, which
+# meshyard does not use; Ray Train's driver does).
 # MESHYARD_DRY_RUN=1 prints the ray command instead of running it.
 set -euo pipefail
 
@@ -47,6 +49,11 @@ fi
 if [[ "$role" == "head" ]]; then
   # The dashboard stays on loopback; reach it through an SSH tunnel or the proxy.
   cmd+=(--head --port "${RAY_PORT:-6379}" --dashboard-host 127.0.0.1)
+  case "${RAY_DASHBOARD:-1}" in
+    1) ;;
+    0) cmd+=(--include-dashboard false) ;;
+    *) echo "RAY_DASHBOARD must be 1 or 0, not '${RAY_DASHBOARD}'" >&2; exit 2 ;;
+  esac
 else
   if [[ -z "${RAY_HEAD_ADDRESS:-}" ]]; then
     echo "RAY_HEAD_ADDRESS is not set (e.g. 10.0.0.1:6379 in /etc/meshyard/ray.env)" >&2

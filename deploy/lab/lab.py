@@ -347,6 +347,8 @@ class Lab:
             "RAY_NUM_GPUS": str(h.gpus if gpus is None else gpus),
             "RAY_PORT": str(RAY_PORT),
             "RAY_HEAD_ADDRESS": self.ray_address,
+            # no dashboard: its processes on the head would serve nothing here
+            "RAY_DASHBOARD": "0",
         }
         if cpus is not None:
             env["RAY_NUM_CPUS"] = str(cpus)

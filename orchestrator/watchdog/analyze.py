@@ -24,7 +24,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.watchdog import advice
 from orchestrator.watchdog.align import PgView, build_view, resolve_members
@@ -148,7 +148,7 @@ def _classify(ctx: _Ctx, policy: StragglerPolicy) -> _Finding:
         if found:
             return found
     if ctx.dead:
-        return _exited_finding(ctx)
+        return _lost_peers_finding(ctx) or _exited_finding(ctx)
     found = _wait_graph_finding(ctx)
     if found:
         return found
@@ -192,6 +192,29 @@ def _mismatch_finding(ctx: _Ctx) -> _Finding | None:
     conf = (0.5 if tie else 0.9) * min(1.0, 0.5 + ctx.coverage / 2)
     return _Finding(Verdict.COLLECTIVE_MISMATCH, m.ranks, conf, summary, mismatches=(m,),
                     details={"pg": v.pg, "seq": m.seq})
+
+
+def _lost_peers_finding(ctx: _Ctx) -> _Finding | None:
+    """Every rank that exited did so because a peer stopped answering (its collective timed
+    out, its connection closed) while ranks it waited for still run: the hang was theirs, and
+    the exits came after it (a diagnosis taken after the collective timeout). The wait graph
+    then names the live ranks the others waited for; None when it names no live rank."""
+    if not all(peer_lost(ctx.by_rank[r].exit_info) for r in ctx.dead) or \
+            len(ctx.dead) == len(ctx.by_rank):
+        return None
+    # Read as of before the exits: what each dead rank's trace says it was blocked in.
+    before = _context(replace(ctx.inp, ranks=tuple(
+        replace(ev, alive=True) if ev.rank in ctx.dead else ev for ev in ctx.inp.ranks)))
+    found = _wait_graph_finding(before)
+    if found is None or not found.culprits or set(found.culprits) & ctx.dead:
+        return None
+    dead = sorted(ctx.dead)
+    why = first_line(ctx.by_rank[dead[0]].exit_info, 200)
+    summary = (found.summary.rstrip(".") + f"; {advice.ranks_text(dead).lower()} "
+               f"{'has' if len(dead) == 1 else 'have'} since exited"
+               + (f" ({why})" if why else "") + ".")
+    return replace(found, summary=summary,
+                   details={**found.details, "dead_ranks": dead, "peer_lost": dead})
 
 
 def _exited_finding(ctx: _Ctx) -> _Finding:

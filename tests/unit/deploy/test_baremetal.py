@@ -102,7 +102,19 @@ def test_head_without_labels_file(tmp_path: Path) -> None:
     assert argv[argv.index("--labels") + 1] == "meshyard.io/node=head-0"
     assert argv[argv.index("--port") + 1] == "6380"
     assert argv[argv.index("--dashboard-host") + 1] == "127.0.0.1"
+    assert "--include-dashboard" not in argv  # Ray's default: on
     assert "--num-gpus" not in argv and "--num-cpus" not in argv  # Ray detects them
+
+
+def test_head_without_ray_dashboard(tmp_path: Path) -> None:
+    out = _run("head", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
+               MESHYARD_NODE_NAME="head-0", RAY_DASHBOARD="0")
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout)
+    assert argv[argv.index("--include-dashboard") + 1] == "false"
+    out = _run("worker", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
+               MESHYARD_NODE_NAME="w-0", RAY_DASHBOARD="0", RAY_HEAD_ADDRESS="10.0.0.1:6379")
+    assert "--include-dashboard" not in shlex.split(out.stdout)  # a head's option
 
 
 def test_declared_resources(tmp_path: Path) -> None:
@@ -115,7 +127,8 @@ def test_declared_resources(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("role,env,msg", [
-    ("worker", {}, "RAY_HEAD_ADDRESS"), ("nope", {}, "usage")])
+    ("worker", {}, "RAY_HEAD_ADDRESS"), ("nope", {}, "usage"),
+    ("head", {"RAY_DASHBOARD": "no"}, "RAY_DASHBOARD must be 1 or 0")])
 def test_script_refuses_bad_input(tmp_path: Path, role: str, env: dict[str, str],
                                   msg: str) -> None:
     clean = {k: v for k, v in os.environ.items() if k != "RAY_HEAD_ADDRESS"}

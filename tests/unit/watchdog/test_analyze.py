@@ -84,6 +84,35 @@ def test_exited_first_rank_is_the_cause_when_peers_died_after_it() -> None:
     assert rep.culprit_ranks == (1,)
 
 
+GLOO_TIMEOUT = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+                "Timed out waiting 10000ms for recv operation to complete")
+
+
+@pytest.mark.parametrize("world,culprit", [(3, 1), (4, 0), (8, 7)])
+def test_ranks_whose_collective_timed_out_are_not_blamed_for_the_rank_they_waited_for(
+        world: int, culprit: int) -> None:
+    # The diagnosis came after the collective timeout: the waiting ranks have exited, their
+    # errors say a peer stopped answering; the rank that never joined still runs.
+    job = world_job(world, stop_before={culprit: 3})
+    waited = [r for r in range(world) if r != culprit]
+    rep = analyze(evidence(job, dead={r: GLOO_TIMEOUT for r in waited}))
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.NOT_JOINED, (culprit,))
+    assert rep.summary.startswith(f"Rank {culprit} never entered all_reduce #4 on pg 0")
+    assert "since exited (RuntimeError: " in rep.summary and "Timed out waiting" in rep.summary
+    assert rep.evidence[culprit].state == "not_joined"
+    assert all(rep.evidence[r].state == "exited" for r in waited)
+
+
+def test_a_rank_that_exited_of_its_own_fault_is_still_the_culprit() -> None:
+    # One waiting rank lost its peer, another crashed by itself: the crash is the cause.
+    job = world_job(4, stop_before={1: 3})
+    rep = analyze(evidence(job, dead={0: GLOO_TIMEOUT, 2: "exit code -9"}))
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.RANK_EXITED, (2,))
+    # every rank gone, each losing a peer: nobody alive to blame, the exits are the finding
+    rep = analyze(evidence(job, dead={r: GLOO_TIMEOUT for r in range(4)}))
+    assert rep.verdict is Verdict.RANK_EXITED
+
+
 @pytest.mark.parametrize("world,culprit", [(4, 0), (4, 3), (8, 6)])
 def test_size_mismatch_majority_reference(world: int, culprit: int) -> None:
     job = world_job(world, replace={(culprit, 2): Op("0", sizes=((99,),))})
