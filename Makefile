@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# The suite runs on three pytest-xdist workers, one test module at a time each (a module's
-# fixtures start once). Two take the longest units first: the modules that share a package's
-# Ray cluster, as one unit (tests/conftest.py, XDIST_GROUPS), so that cluster starts once in
-# the run, then the folders with slow tests. The third takes, from the back of the queue,
-# the modules that start no Ray and no training job, then the lab's (one lab a machine), and
-# stops: on a 2-core machine it fills the time the scenarios spend waiting on thresholds and
-# polls, with no Ray scenario but the lab beside theirs (tests/conftest.py, FILLER_FOLDERS).
-XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
+# The suite runs on two pytest-xdist workers, one test module at a time each (a module's
+# fixtures start once). The modules that share a package's Ray cluster go to one worker as
+# one unit (tests/conftest.py, XDIST_GROUPS), so that cluster starts once in the run, and the
+# groups start first (the longest units). A third worker (`XDIST="-n 3 ..."`) fills in with
+# the modules that start no Ray, then the lab (tests/conftest.py, FILLER_FOLDERS): faster on
+# a quiet machine, but on two cores it drives the load past 20 and the scenarios' thresholds
+# with it, so it is not the default.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
 # them; where PYTHONDONTWRITEBYTECODE is set (this machine's default) nothing caches the
