@@ -103,6 +103,19 @@ def test_ranks_whose_collective_timed_out_are_not_blamed_for_the_rank_they_waite
     assert all(rep.evidence[r].state == "exited" for r in waited)
 
 
+def test_timed_out_ranks_known_by_their_announced_op_only_are_not_blamed() -> None:
+    # In the runtime a dead rank answers no diagnostics call: what is left of it is the op it
+    # announced before the call (read on its node) and its error.
+    inp = evidence(world_job(3, stop_before={1: 3}))
+    ranks = tuple(ev if ev.rank == 1 else RankEvidence(
+        rank=ev.rank, alive=False, exit_info=GLOO_TIMEOUT,
+        pending=(PendingOp(op="all_reduce", pg="0", seq=4, source="announce"),))
+        for ev in inp.ranks)
+    rep = analyze(AnalysisInput(ranks=ranks, world_size=3, pg_members=inp.pg_members))
+    assert (rep.verdict, rep.culprit_ranks) == (Verdict.NOT_JOINED, (1,)), rep.summary
+    assert "ranks 0, 2 have since exited" in rep.summary
+
+
 def test_a_rank_that_exited_of_its_own_fault_is_still_the_culprit() -> None:
     # One waiting rank lost its peer, another crashed by itself: the crash is the cause.
     job = world_job(4, stop_before={1: 3})
