@@ -76,6 +76,13 @@ def _run(role: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+def _argv(role: str, tmp_path: Path, **env: str) -> list[str]:
+    """The `ray start` command the script prints for `role` (no labels file)."""
+    out = _run(role, tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"), **env)
+    assert out.returncode == 0, out.stderr
+    return shlex.split(out.stdout)
+
+
 def test_worker_publishes_declared_and_cloud_levels(tmp_path: Path) -> None:
     labels = tmp_path / "node-labels"
     labels.write_text("# operator's file\nleaf=leaf-a\n"
@@ -95,10 +102,7 @@ def test_worker_publishes_declared_and_cloud_levels(tmp_path: Path) -> None:
 
 
 def test_head_without_labels_file(tmp_path: Path) -> None:
-    out = _run("head", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
-               MESHYARD_NODE_NAME="head-0", RAY_PORT="6380")
-    assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout)
+    argv = _argv("head", tmp_path, MESHYARD_NODE_NAME="head-0", RAY_PORT="6380")
     assert argv[argv.index("--labels") + 1] == "meshyard.io/node=head-0"
     assert argv[argv.index("--port") + 1] == "6380"
     assert argv[argv.index("--dashboard-host") + 1] == "127.0.0.1"
@@ -107,21 +111,16 @@ def test_head_without_labels_file(tmp_path: Path) -> None:
 
 
 def test_head_without_ray_dashboard(tmp_path: Path) -> None:
-    out = _run("head", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
-               MESHYARD_NODE_NAME="head-0", RAY_DASHBOARD="0")
-    assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout)
+    argv = _argv("head", tmp_path, MESHYARD_NODE_NAME="head-0", RAY_DASHBOARD="0")
     assert argv[argv.index("--include-dashboard") + 1] == "false"
-    out = _run("worker", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
-               MESHYARD_NODE_NAME="w-0", RAY_DASHBOARD="0", RAY_HEAD_ADDRESS="10.0.0.1:6379")
-    assert "--include-dashboard" not in shlex.split(out.stdout)  # a head's option
+    argv = _argv("worker", tmp_path, MESHYARD_NODE_NAME="w-0", RAY_DASHBOARD="0",
+                 RAY_HEAD_ADDRESS="10.0.0.1:6379")
+    assert "--include-dashboard" not in argv  # a head's option
 
 
 def test_declared_resources(tmp_path: Path) -> None:
-    out = _run("head", tmp_path, MESHYARD_NODE_LABELS_FILE=str(tmp_path / "missing"),
-               MESHYARD_NODE_NAME="dgx-a1", RAY_NUM_GPUS="8", RAY_NUM_CPUS="96")
-    assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout)
+    argv = _argv("head", tmp_path, MESHYARD_NODE_NAME="dgx-a1", RAY_NUM_GPUS="8",
+                 RAY_NUM_CPUS="96")
     assert argv[argv.index("--num-gpus") + 1] == "8"
     assert argv[argv.index("--num-cpus") + 1] == "96"
 
