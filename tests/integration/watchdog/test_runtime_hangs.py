@@ -109,6 +109,24 @@ def test_hang_names_the_rank_that_never_joined_and_fails_the_job(env) -> None:
     assert all("all_reduce" in (e.get("top_of_stack") or "") or e["pgs"] for e in waiting)
 
 
+def test_a_hang_seen_only_after_the_collective_timeout_still_names_the_rank_that_hung(
+        env) -> None:
+    """The stall threshold is far beyond the collective timeout: ranks 0 and 2 time out in
+    the all-reduce rank 1 never enters and exit first, and the diagnosis taken then must name
+    rank 1 (still running, hung), not the ranks that waited for it."""
+    _, store = env
+    spec = hang_spec("timed-out-first", fault={"kind": "hang", "rank": 1, "step": 3})
+    spec["fault_tolerance"] = dict(spec["fault_tolerance"], collective_timeout_s=5)
+    spec["watchdog"] = dict(spec["watchdog"], stall_timeout_s=120)
+    job_id = submit(store, spec)
+    job = terminal(store, job_id)
+    d = report_of(store, job_id)
+    _show("timed-out-first", d)
+    assert (d.verdict, d.culprit_ranks) == ("NOT_JOINED", [1]), d.summary
+    assert "ranks 0, 2 have since exited" in d.summary, d.summary
+    assert job.state == JobState.FAILED
+
+
 def test_crash_is_rank_exited_and_the_job_names_the_rank_that_died(env) -> None:
     _, store = env
     job_id = submit(store, hang_spec("crash", fault={"kind": "crash", "rank": 2, "step": 3}))
