@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.integration.runtime.conftest import (
     wait_state,
     write_cluster_file,
 )
+from tests.support.jobs import until
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +127,8 @@ def _wait_cpus_free(timeout_s: float = 120.0) -> None:
     name: c1 first), whose idle warm actors it leases."""
     from orchestrator.runtime.nodes import read_ray_nodes
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        busy = {n.node_id[:8]: (n.free_cpus, n.cpus) for n in read_ray_nodes()
-                if n.free_cpus < n.cpus}
-        if not busy:
-            return
-        assert time.monotonic() < deadline, f"CPUs still held (free, total): {busy}"
-        time.sleep(0.5)
+    until(lambda: all(n.free_cpus >= n.cpus for n in read_ray_nodes()), timeout_s=timeout_s,
+          poll_s=0.5, what="every node's CPUs free (the last job's placement group removed)")
 
 
 def _history(store: Store, job_id: str) -> list[str]:
@@ -321,11 +315,8 @@ def test_workers_leased_by_a_controller_that_is_killed_are_killed_and_replaced(
 
     # The pool kills them through Ray, which ends the processes shortly after (seconds on a
     # loaded host); a generous bound, not a measured time.
-    deadline = time.monotonic() + 60
-    while left := alive():
-        assert time.monotonic() < deadline, \
-            f"leased workers of the killed controller still run: {left}"
-        time.sleep(0.2)
+    until(lambda: not alive(), timeout_s=60,
+          what=f"the killed controller's leased workers (pids {sorted(pids)}) to end")
 
 
 @pytest.mark.slow
