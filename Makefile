@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # another): the distribution's /usr/bin/python3 where it is 3.11 or newer and can make a
 # venv, else the first python3 on PATH. Debian's and Ubuntu's CPython are built with
 # profile-guided and link-time optimization and link libpython into the executable; pyenv's
-# default build does neither and runs the suite's Python code 15-20 % slower here, in every
+# default build does neither and spends 10-20 % more CPU on Python work here, in every
 # one of the few thousand processes a test run starts (bench/README.md, "The interpreter").
 PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo /usr/bin/python3 || echo python3)
 TORCH_SPEC ?= torch==2.13.0

@@ -53,14 +53,15 @@ print(json.dumps({"version": sys.version.split()[0], "compiler": platform.python
 """
 
 
-def cpu_of(python: str, args: list[str]) -> float:
-    """The CPU-seconds (user + system) of one fresh `python ARGS` run in the checkout."""
+def cpu_of(python: str, case: str) -> float:
+    """The CPU-seconds (user + system) of one fresh run of `case` under `python`, in the
+    checkout."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([python, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([python, *CASES[case]], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{python} {' '.join(args[:2])} failed")
+        raise SystemExit(f"case {case!r} failed under {python}: run it by hand to see why")
     return usage.ru_utime + usage.ru_stime
 
 
@@ -80,10 +81,10 @@ def main() -> int:
                                         check=True).stdout) for p in pythons]
     samples: dict[str, list[list[float]]] = {c: [[], []] for c in CASES}
     for r in range(args.rounds):
-        for case, case_args in CASES.items():
-            order = (0, 1) if r % 2 == 0 else (1, 0)  # alternate who goes first
+        order = (0, 1) if r % 2 == 0 else (1, 0)  # alternate who goes first
+        for case in CASES:
             for i in order:
-                samples[case][i].append(cpu_of(pythons[i], case_args))
+                samples[case][i].append(cpu_of(pythons[i], case))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = {}
     for case, (a, b) in samples.items():
