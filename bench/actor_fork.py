@@ -36,20 +36,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _machine_cpu() -> float:
+def machine_cpu() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def _settle(max_s: float = 20.0) -> None:
+def settle(max_s: float = 20.0) -> None:
     """Waits until the machine has been quiet for a second (or max_s)."""
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline:
-        a = _machine_cpu()
+        a = machine_cpu()
         time.sleep(1.0)
-        if _machine_cpu() - a < 0.15:
+        if machine_cpu() - a < 0.15:
             return
 
 
@@ -78,11 +78,11 @@ def main() -> int:
     envs = {"ray": {}, "forked": runtime_env()}
 
     def start(way: str) -> dict[str, float]:
-        _settle()
-        cpu0, t0 = _machine_cpu(), time.perf_counter()
+        settle()
+        cpu0, t0 = machine_cpu(), time.perf_counter()
         actors = [Rank.options(runtime_env=envs[way]).remote() for _ in range(args.actors)]
         ray.get([a.ready.remote() for a in actors], timeout=600)
-        out = {"cpu_s": _machine_cpu() - cpu0, "wall_s": time.perf_counter() - t0}
+        out = {"cpu_s": machine_cpu() - cpu0, "wall_s": time.perf_counter() - t0}
         for a in actors:
             ray.kill(a, no_restart=True)
         return out

@@ -4,6 +4,8 @@
 #   ray-node.sh head      ray start --head on RAY_PORT (default 6379)
 #   ray-node.sh worker    ray start --address RAY_HEAD_ADDRESS
 #
+# (`ray start` through `python -m workers.host.ray_cli`, the same command line.)
+#
 # Levels come from `meshyard topo labels`: discovered on this node (NVML fabric clique →
 # nvlink_domain) plus the operator's labels in MESHYARD_NODE_LABELS_FILE (k=v lines, e.g.
 # leaf=leaf-a, spine=spine-0, or Kubernetes/cloud keys such as nvidia.com/gpu.clique) and
@@ -33,8 +35,10 @@ labels="$("$MESHYARD_BIN/meshyard" "${topo_args[@]}")"
 echo "meshyard topology labels for $node_name: $labels" >&2
 
 # Isolated mode keeps every job's ranks out of Ray's ports: the workers' must be a known
-# range (without one the node refuses user code), the same on every node.
-cmd=("$MESHYARD_BIN/ray" start --block --labels "$labels"
+# range (without one the node refuses user code), the same on every node. Ray's own command
+# line, run so that the raylet starts its worker processes through meshyard's setup worker
+# (workers/host/setup_worker.py: no Ray import before the worker's own).
+cmd=("$MESHYARD_BIN/python" -m workers.host.ray_cli start --block --labels "$labels"
      --min-worker-port "${RAY_MIN_WORKER_PORT:-10002}"
      --max-worker-port "${RAY_MAX_WORKER_PORT:-19999}")
 if [[ -n "${RAY_NUM_GPUS:-}" ]]; then

@@ -61,6 +61,7 @@ from orchestrator.runtime.spares import SpareControllers
 from orchestrator.settings import Settings
 from orchestrator.store.leader import LeaderElector, LeaderLock, is_shared_database
 from orchestrator.store.repo import Store
+from workers.host import setup_worker
 
 log = logging.getLogger("meshyard.runtime")
 DEFAULT_WORKER_PORTS = (10002, 19999)  # Settings.ray_worker_ports' default
@@ -194,12 +195,13 @@ def init_local_ray(*, worker_ports: tuple[int, int] | None = DEFAULT_WORKER_PORT
                    **kwargs: Any) -> None:
     """`ray.init` of a new local cluster on 127.0.0.1 in meshyard's namespace, its worker
     processes on `worker_ports` (isolated mode refuses user code on a node without a worker
-    port range); `kwargs` go to `ray.init` (num_cpus, ...)."""
+    port range) and started through meshyard's setup worker (workers/host/setup_worker.py);
+    `kwargs` go to `ray.init` (num_cpus, ...)."""
     options: dict[str, Any] = dict(namespace=NAMESPACE, include_dashboard=False,
                                    log_to_driver=False, _node_ip_address="127.0.0.1",
                                    _system_config=LOCAL_RAY_CONFIG)
     options.update(kwargs)
-    with _worker_port_range(worker_ports):
+    with _worker_port_range(worker_ports), setup_worker.installed():
         ray.init(address="local", **options)
 
 

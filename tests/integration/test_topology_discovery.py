@@ -19,9 +19,12 @@ def two_node_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    from workers.host import setup_worker
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, **setup_worker.ray_params()})
     try:
-        cluster.add_node(num_cpus=1, num_gpus=2,
+        cluster.add_node(num_cpus=1, num_gpus=2, **setup_worker.ray_params(),
                          labels={"leaf": "leaf-a", "network.topology.nvidia.com/spine": "s0"})
         ray.init(address=cluster.address)
         cluster.wait_for_nodes()

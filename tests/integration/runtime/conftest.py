@@ -26,10 +26,13 @@ from orchestrator.store.repo import Store  # noqa: E402
 # The package's modules import these from here; they live in tests/support/.
 from tests.support.jobs import submit, wait_for, wait_state  # noqa: E402, F401
 from tests.support.serve import serve_url, start_serve, stop_serve  # noqa: E402, F401
+from workers.host import setup_worker  # noqa: E402
 
-# Every node's worker processes in one port range, as `ray start --min-worker-port` gives
-# them: isolated mode keeps a job's ranks out of it (a node without one refuses user code).
-RAY_PORTS = {"min_worker_port": 10002, "max_worker_port": 19999}
+# Every simulated node as meshyard starts its nodes (orchestrator/runtime/service.py
+# init_local_ray, deploy/baremetal/ray-node.sh): worker processes in a known port range
+# (isolated mode refuses user code on a node without one), started through meshyard's setup
+# worker (workers/host/setup_worker.py).
+NODE_ARGS = {"min_worker_port": 10002, "max_worker_port": 19999, **setup_worker.ray_params()}
 GPU_NODES = {"n1": {"gpus": 2, "leaf": "l0"}, "n2": {"gpus": 2, "leaf": "l1"}}
 
 TINY_MODEL = {"kind": "gpt", "n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 64,
@@ -69,12 +72,12 @@ def ray_cluster() -> Iterator[Cluster]:
     head (1 CPU), n1 and n2 (2 fake GPUs each), c1 (CPU only, where CPU jobs and the warm
     pool go). Tests leave no job running; the runtime sweeps what a failed test left."""
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False, **RAY_PORTS})
+                      head_node_args={"num_cpus": 1, "include_dashboard": False, **NODE_ARGS})
     try:
         for name, n in GPU_NODES.items():
-            cluster.add_node(num_cpus=2, num_gpus=n["gpus"], **RAY_PORTS,
+            cluster.add_node(num_cpus=2, num_gpus=n["gpus"], **NODE_ARGS,
                              labels={"meshyard.io/node": name, "leaf": n["leaf"]})
-        cluster.add_node(num_cpus=2, labels={"meshyard.io/node": "c1"}, **RAY_PORTS)
+        cluster.add_node(num_cpus=2, labels={"meshyard.io/node": "c1"}, **NODE_ARGS)
         ray.init(address=cluster.address, namespace="meshyard", log_to_driver=False)
         cluster.wait_for_nodes()
         yield cluster

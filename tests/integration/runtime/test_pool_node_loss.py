@@ -17,7 +17,7 @@ from ray.cluster_utils import Cluster
 
 from orchestrator.runtime.events import NAMESPACE
 from orchestrator.runtime.pool import ensure_pool, find_pool
-from tests.integration.runtime.conftest import RAY_PORTS
+from tests.integration.runtime.conftest import NODE_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture()
 def two_nodes() -> Iterator[tuple[Cluster, Any]]:
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False, **RAY_PORTS})
+                      head_node_args={"num_cpus": 1, "include_dashboard": False, **NODE_ARGS})
     try:
-        other = cluster.add_node(num_cpus=1, **RAY_PORTS)
+        other = cluster.add_node(num_cpus=1, **NODE_ARGS)
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         cluster.wait_for_nodes()
         yield cluster, other

@@ -25,11 +25,14 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator.runtime.events import NAMESPACE  # noqa: E402
 from orchestrator.runtime.service import DEFAULT_WORKER_PORTS  # noqa: E402
+from workers.host import setup_worker  # noqa: E402
 
 # 4 CPUs as the modules' local Ray had; worker processes in the port range a local Ray
-# started by meshyard uses (isolated mode refuses user code on a node without one).
+# started by meshyard uses (isolated mode refuses user code on a node without one), started
+# through meshyard's setup worker as there.
 HEAD = {"num_cpus": 4, "include_dashboard": False,
-        "min_worker_port": DEFAULT_WORKER_PORTS[0], "max_worker_port": DEFAULT_WORKER_PORTS[1]}
+        "min_worker_port": DEFAULT_WORKER_PORTS[0], "max_worker_port": DEFAULT_WORKER_PORTS[1],
+        **setup_worker.ray_params()}
 
 
 @pytest.fixture(scope="package")

@@ -92,13 +92,23 @@ def test_worker_publishes_declared_and_cloud_levels(tmp_path: Path) -> None:
                RAY_NODE_IP="10.0.0.2")
     assert out.returncode == 0, out.stderr
     argv = shlex.split(out.stdout)
-    assert argv[0] == str(VENV_BIN / "ray") and argv[1] == "start"
+    # Ray's command line, through meshyard's setup worker (workers/host/ray_cli.py)
+    assert argv[:4] == [str(VENV_BIN / "python"), "-m", "workers.host.ray_cli", "start"]
     assert argv[argv.index("--labels") + 1] == "meshyard.io/node=dgx-a1,leaf=leaf-a,spine=spine-x"
     assert argv[argv.index("--address") + 1] == "10.0.0.1:6379"
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.2"
     assert "--block" in argv and "--head" not in argv
     assert argv[argv.index("--min-worker-port") + 1] == "10002"  # isolated mode needs a range
     assert argv[argv.index("--max-worker-port") + 1] == "19999"
+
+
+def test_ray_cli_is_rays_command_line() -> None:
+    """The command ray-node.sh runs is Ray's own: its `start` takes Ray's options."""
+    out = subprocess.run([str(VENV_BIN / "python"), "-m", "workers.host.ray_cli", "start",
+                          "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "Usage: ray start" in out.stdout
+    assert "--min-worker-port" in out.stdout and "--block" in out.stdout
 
 
 def test_head_without_labels_file(tmp_path: Path) -> None:
