@@ -24,12 +24,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # backlog: a CPU-second each, for processes meshyard's actors never run in.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
-# Ray keeps a node's idle worker processes up to its CPU count and ends the rest after a
-# second idle: a host of the product's (tens of CPUs) keeps the ones that read an attempt's
-# files on it for the next attempt, but a simulated node claims 2 CPUs and its worker actors
-# fill that, so it would start its readers again for every attempt. Each simulated node
-# keeps them as such a host would.
-os.environ.setdefault("RAY_num_workers_soft_limit", "16")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Confined ranks add the ports they close to this host sysctl (meshyard/_confine.py,
