@@ -54,6 +54,9 @@ TICK_S = 0.25
 # signal: gloo's abort, and torchrun's SIGTERM to the others right after): wait this long for
 # the launcher's failure summary, which names the first failure.
 ROOT_CAUSE_WAIT_S = 10.0
+# How long the stall rule holds while ranks that entered nothing their cleanly exited peers
+# did not are still running (a finished job's last ranks tearing down on a loaded host).
+FINISHING_WAIT_S = 30.0
 ANSWER_S = 10.0
 GRACE_S = 5.0
 HANG_EXIT = 3
@@ -206,8 +209,16 @@ class LocalWatch:
                           f"ended while {len(live)} were still running")
             mon.mark_reported()
             return True
-        if not live and self._gone and all(w.startswith(_CLEAN) for w in why.values()):
-            return False  # every rank completed: the job is over, whatever the clock says
+        if self._gone and all(w.startswith(_CLEAN) for w in why.values()):
+            if not live:
+                return False  # every rank completed: the job is over, whatever the clock says
+            if (not mon.reported and not _past_leavers(progress, live=live, gone=self._gone)
+                    and self._waiting("finishing", now, FINISHING_WAIT_S)):
+                # Ranks left cleanly and no live rank has entered a collective they did not:
+                # the live ones are finishing too (destroying their groups, exiting), which
+                # takes longer than the stall threshold on a loaded host. One that is still
+                # there after the wait is reported by the stall rule.
+                return False
         due = mon.due(now)
         if due is not None and due.trigger == "stall":
             self.diagnose(trigger="stall", context=due.describe(), dead=dead)
@@ -220,10 +231,10 @@ class LocalWatch:
                 self._publish(report)
         return False
 
-    def _waiting(self, why: str, now: float) -> bool:
-        """True while less than ROOT_CAUSE_WAIT_S has passed since the diagnosis first
-        waited for `why` (a bounded wait: after it, the watch names what it knows)."""
-        return now - self._waits.setdefault(why, now) < ROOT_CAUSE_WAIT_S
+    def _waiting(self, why: str, now: float, wait_s: float = ROOT_CAUSE_WAIT_S) -> bool:
+        """True while less than `wait_s` has passed since the diagnosis first waited for
+        `why` (a bounded wait: after it, the watch names what it knows)."""
+        return now - self._waits.setdefault(why, now) < wait_s
 
     def _root_cause(self) -> int | None:
         """The rank torchrun's failure summary names as the first observed failure, once it
@@ -316,6 +327,31 @@ def _exits(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
         else:
             why[r] = f"{_CLEAN} while its peers were still running"
     return why
+
+
+def _enqueued(prog: Mapping[str, Any]) -> dict[str, int]:
+    """Per process group, the last collective seq a rank enqueued (its probe's record)."""
+    groups = prog.get("collectives")
+    out: dict[str, int] = {}
+    for pg, st in (groups.items() if isinstance(groups, Mapping) else ()):
+        n = st.get("enqueued") if isinstance(st, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool):
+            out[str(pg)] = n
+    return out
+
+
+def _past_leavers(progress: Mapping[int, Mapping[str, Any]], *, live: Sequence[int],
+                  gone: set[int]) -> bool:
+    """True when a live rank has enqueued, on a group a gone rank recorded (group names are
+    the same on every rank: all ranks make groups in one order), a collective the gone rank
+    never did: it waits on a peer that left. A group a gone rank has no record of is one it
+    was not in (or never reached), and says nothing."""
+    left = [_enqueued(progress.get(r, {})) for r in gone]
+    for r in live:
+        for pg, n in _enqueued(progress.get(r, {})).items():
+            if any(pg in g and n > g[pg] for g in left):
+                return True
+    return False
 
 
 def _blame(why: Mapping[int, str]) -> dict[int, str]:

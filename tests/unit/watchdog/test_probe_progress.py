@@ -190,10 +190,84 @@ def test_a_stall_after_every_rank_exited_cleanly_is_the_end_not_a_hang(
     now[0] = 60.0  # far past the stall threshold, nobody advanced
     assert watch._tick() is False and watch.reports == []
     probe_files.progress_path(tmp_path / "probe", 1).write_text(json.dumps(
-        {"pid": os.getpid(), "collectives": {"0": {"enqueued": 5, "completed": 5}}}))
+        {"pid": os.getpid(), "collectives": {"0": {"enqueued": 6, "completed": 5}}}))
     watch._gone.discard(1)
-    now[0] = 120.0  # rank 1 still runs and waits on rank 0, which left: that is a hang
+    now[0] = 120.0  # rank 1 still runs and waits in a collective rank 0 never entered
+    assert watch._tick() is False
+    now[0] = 123.5  # past the stall threshold since rank 1's last collective: a hang
     assert watch._tick() is True and len(watch.reports) == 1
+    assert list(watch.reports[0].culprit_ranks) == [0]
+
+
+def test_the_last_rank_tearing_down_after_a_clean_peer_left_is_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 finished and exited 0; rank 1 did the same collectives and is still tearing
+    down (destroying its groups on a loaded host), longer than the stall threshold. The stall
+    rule holds for FINISHING_WAIT_S; a rank 1 still there after it is reported."""
+    from api.cli import local_watch
+    from api.cli.local_watch import FINISHING_WAIT_S
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)  # rank 1's probe below never answers
+    now = [0.0]
+    done = {"0": {"enqueued": 30, "completed": 30}, "1": {"enqueued": 4, "completed": 4}}
+    w = _watch_of(tmp_path, now, {
+        0: {"pid": 2**22 + 12345, "collectives": done, "exited": {"error": None}},
+        1: {"pid": os.getpid(), "collectives": {**done, "0": {"enqueued": 29}}}},
+        stall_timeout_s=3)
+    assert w._tick() is False
+    now[0] = 1.0
+    _advance(tmp_path, 1, done)
+    assert w._tick() is False
+    for t in (4.5, 10.0, FINISHING_WAIT_S - 0.5):  # past the stall threshold, within the wait
+        now[0] = t
+        assert w._tick() is False and w.reports == [], t
+    now[0] = FINISHING_WAIT_S + 0.5
+    assert w._tick() is True and len(w.reports) == 1
+
+
+def test_a_live_rank_past_a_clean_leaver_on_any_shared_group_is_a_hang_at_the_threshold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold is only for ranks that entered nothing the leaver did not: rank 1 enqueued a
+    collective on group "1" (which rank 0 was in) that rank 0 never did, so the stall rule
+    fires at its threshold. A group the leaver has no record of (not its member) says
+    nothing either way."""
+    from api.cli import local_watch
+
+    monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
+    now = [0.0]
+    w = _watch_of(tmp_path / "a", now, {
+        0: {"pid": 2**22 + 12345, "exited": {"error": None},
+            "collectives": {"0": {"enqueued": 9, "completed": 9},
+                            "1": {"enqueued": 3, "completed": 3}}},
+        1: {"pid": os.getpid(), "collectives": {"0": {"enqueued": 9, "completed": 9},
+                                                "1": {"enqueued": 3, "completed": 3}}}},
+        stall_timeout_s=3)
+    assert w._tick() is False
+    now[0] = 1.0
+    _advance(tmp_path / "a", 1, {"0": {"enqueued": 9}, "1": {"enqueued": 4}})
+    assert w._tick() is False
+    now[0] = 4.5
+    assert w._tick() is True and list(w.reports[0].culprit_ranks) == [0]
+
+    now[0] = 0.0
+    w = _watch_of(tmp_path / "b", now, {
+        0: {"pid": 2**22 + 12345, "exited": {"error": None},
+            "collectives": {"0": {"enqueued": 9, "completed": 9}}},
+        1: {"pid": os.getpid(), "collectives": {"0": {"enqueued": 9, "completed": 9},
+                                                "2": {"enqueued": 39, "completed": 39}}}},
+        stall_timeout_s=3)
+    assert w._tick() is False
+    now[0] = 1.0
+    _advance(tmp_path / "b", 1, {"0": {"enqueued": 9}, "2": {"enqueued": 40}})
+    assert w._tick() is False
+    now[0] = 4.5
+    assert w._tick() is False and w.reports == []
+
+
+def _advance(out: Path, rank: int, collectives: dict) -> None:
+    """Rank `rank` (this process, alive) recorded `collectives`."""
+    probe_files.progress_path(out / "probe", rank).write_text(json.dumps(
+        {"pid": os.getpid(), "collectives": collectives}))
 
 
 def _watch_of(out: Path, now: list[float], progress: dict[int, dict], *,
