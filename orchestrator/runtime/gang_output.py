@@ -15,7 +15,7 @@ import ray
 
 from orchestrator.lifecycle import LogStream
 from orchestrator.runtime.events import AttemptConfig, RankStatus
-from orchestrator.runtime.on_nodes import abandon, failed, start_on_nodes
+from orchestrator.runtime.on_nodes import start_on_nodes
 from workers.host.assignment import RankResult, rank_log_path
 from workers.host.logcapture import unseen_tail
 
@@ -96,10 +96,9 @@ class RankOutputs:
                           final: bool = False) -> list[dict[str, Any]]:
         """What dead ranks wrote after their last forwarded line (lost with their process's
         buffers), read from their log files on their node: one read per node, started the
-        tick a death is seen and collected on a later tick once it answers (the node's agent,
-        orchestrator/runtime/on_nodes.py, may take many seconds to start on a loaded host).
-        `final`: the attempt's last drain waits for the reads still out, up to
-        READ_TIMEOUT_S from their start; a read that gets no
+        tick a death is seen and collected on a later tick once it answers (a Ray task on a
+        loaded host may take many seconds to start). `final`: the attempt's last drain waits
+        for the reads still out, up to READ_TIMEOUT_S from their start; a read that gets no
         answer by then yields a line saying where the rank's full output is. The ranks in
         `unreachable` (their host answers nothing) are not asked."""
         by_node: dict[str, list[tuple[int, LogStream, str, list[str]]]] = {}
@@ -131,7 +130,7 @@ class RankOutputs:
             if read.ref in ready:
                 out.extend(self._lines_read(read, results))
             elif final or time.monotonic() - read.started >= READ_TIMEOUT_S:
-                abandon(read.node_id)
+                ray.cancel(read.ref, force=True)
                 out.extend(self._not_read(read, ranks, results))
             else:
                 pending.append(read)
@@ -143,8 +142,7 @@ class RankOutputs:
                     ) -> list[dict[str, Any]]:
         try:
             found = ray.get(read.ref, timeout=0)
-        except Exception as exc:  # noqa: BLE001 - its host is gone or cut off: nothing more is known
-            failed(read.node_id, exc)
+        except Exception:  # noqa: BLE001 - its host is gone or cut off: nothing more is known
             return []
         out: list[dict[str, Any]] = []
         for r, stream, lines in found:

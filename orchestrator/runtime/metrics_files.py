@@ -8,11 +8,10 @@ exist only there (without their loss). The poller ingests them before it applies
 policy.
 
 The files are on the disk of the host each rank ran on: a rank whose node is alive in Ray is
-read there, by that node's agent (orchestrator/runtime/on_nodes.py; `gather_rows`). A
-rank whose node is gone (a crashed host, or the embedded Ray that died with the control
-plane) or was never recorded is read here, where the embedded single-machine case keeps it;
-when its file is not here either, or its node does not answer, `unrecovered` names the rank
-and the job's events say so.
+read there, by a Ray task on that node (`gather_rows`). A rank whose node is gone (a crashed
+host, or the embedded Ray that died with the control plane) or was never recorded is read
+here, where the embedded single-machine case keeps it; when its file is not here either, or
+its node does not answer, `unrecovered` names the rank and the job's events say so.
 
 Exactly once: `Store.add_missing_metrics` inserts, in one transaction, only the rows past the
 newest step the store holds for each (attempt, rank) -- that step is the cursor -- so an
@@ -98,8 +97,8 @@ class Gathered:
 def gather_rows(*, run_dir: Path, attempt: int, world_size: int,
                 nodes: Mapping[int, str | None],
                 unreachable: Collection[str] = ()) -> Gathered:
-    """Every rank's rows, each read on its node (`nodes`: rank -> Ray node id) by the node's
-    agent; ranks with no node are read here. The nodes in `unreachable` (cut off from
+    """Every rank's rows, each read on its node (`nodes`: rank -> Ray node id) by a Ray task
+    pinned there; ranks with no node are read here. The nodes in `unreachable` (cut off from
     the attempt's controller when it ended) are not asked: their ranks are named."""
     import ray
 

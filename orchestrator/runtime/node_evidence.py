@@ -1,8 +1,8 @@
 """Per-node hang evidence, read where it is: the ranks' last announcements (each on its rank's
-node, `gather_announcements`) and, once per node of a GPU job by that node's agent (on_nodes.py),
+node, `gather_announcements`) and, once per node of a GPU job from a Ray task pinned to that node,
 into the round's `node-<name>/` folder: `nvidia-smi -q` (ECC counts, retired pages, remapped
 rows, NVLink state) and the kernel log's `NVRM: Xid` lines (dmesg, else journalctl -k). The
-agent parses both on the node (orchestrator/watchdog/gpu_errors.py) and returns, besides the
+task parses both on the node (orchestrator/watchdog/gpu_errors.py) and returns, besides the
 artifact paths, the GPUs whose driver reports errors, which the diagnosis then names."""
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 - `read_ray_nodes()`: the alive Ray nodes with their totals, free resources and labels.
 - `TopologySource`: where GPU links come from. The declared file when the settings name one;
   otherwise discovery (`nvidia-smi topo -m`, NVML, sysfs InfiniBand) run once on every GPU node
-  by its agent (orchestrator/runtime/on_nodes.py), again whenever the set of GPU nodes
-  changes. A cluster without GPUs needs no topology and runs no discovery.
+  by a task pinned to it, again whenever the set of GPU nodes changes. A cluster without GPUs
+  needs no topology and runs no discovery.
 - `register_nodes()`: writes the live nodes and their topology into the store (GET
   /v1/cluster, the dashboard, POST /v1/plans read them there).
 - `nodes_changed()`: whether Ray's live nodes differ from those the store holds alive (one GCS
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.placement.snapshot import RayNode, build_snapshot, newest_per_name
-from orchestrator.runtime.on_nodes import run_on_nodes
 from orchestrator.store.repo import Store
 from orchestrator.topology.declared import load_cluster_file
 from orchestrator.topology.discovery import cluster_from_discovery, discover_local_node
@@ -83,23 +82,33 @@ def _discovery_task(options: dict[str, Any]) -> dict[str, Any]:
 
 def discover_cluster(*, timeout_s: float = 60.0, options: Mapping[str, Any] | None = None,
                      only: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Runs discovery on every alive Ray node (or the node ids in `only`), by each node's
-    agent.
+    """Runs discovery on every alive Ray node (or the node ids in `only`), pinned with a hard
+    node-affinity strategy.
 
     Returns {node_id: LocalDiscovery.to_dict() + {"node_id": ...}}; a node that does not
     answer within `timeout_s` gets {"node_id": ..., "error": "..."} instead.
     """
     wanted = None if only is None else set(only)
-    work = {node["NodeID"]: {"options": dict(options or {})} for node in ray.nodes()
-            if node.get("Alive") and (wanted is None or node["NodeID"] in wanted)}
+    task = ray.remote(num_cpus=0, max_retries=0)(_discovery_task)
+    refs = {}
+    for node in ray.nodes():
+        nid = node["NodeID"]
+        if not node.get("Alive") or (wanted is not None and nid not in wanted):
+            continue
+        strategy = NodeAffinitySchedulingStrategy(node_id=nid, soft=False)
+        refs[nid] = task.options(scheduling_strategy=strategy).remote(dict(options or {}))
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
     results: dict[str, dict[str, Any]] = {}
-    for nid, got in run_on_nodes(_discovery_task, work, timeout_s=timeout_s).items():
-        if isinstance(got, GetTimeoutError):
+    for nid, ref in refs.items():
+        if ref not in done:
+            ray.cancel(ref, force=True)
             results[nid] = {"node_id": nid, "error": f"no answer within {timeout_s:g}s"}
-        elif isinstance(got, Exception):  # discovery itself failed on that node
-            results[nid] = {"node_id": nid, "error": f"{type(got).__name__}: {got}"}
-        else:
-            results[nid] = got
+            continue
+        try:
+            results[nid] = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - the task itself failed on that node
+            results[nid] = {"node_id": nid, "error": f"{type(exc).__name__}: {exc}"}
     return results
 
 
