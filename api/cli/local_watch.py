@@ -329,26 +329,15 @@ def _exits(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
     return why
 
 
-def _enqueued(prog: Mapping[str, Any]) -> dict[str, int]:
-    """Per process group, the last collective seq a rank enqueued (its probe's record)."""
-    groups = prog.get("collectives")
-    out: dict[str, int] = {}
-    for pg, st in (groups.items() if isinstance(groups, Mapping) else ()):
-        n = st.get("enqueued") if isinstance(st, Mapping) else None
-        if isinstance(n, int) and not isinstance(n, bool):
-            out[str(pg)] = n
-    return out
-
-
 def _past_leavers(progress: Mapping[int, Mapping[str, Any]], *, live: Sequence[int],
                   gone: set[int]) -> bool:
     """True when a live rank has enqueued, on a group a gone rank recorded (group names are
     the same on every rank: all ranks make groups in one order), a collective the gone rank
     never did: it waits on a peer that left. A group a gone rank has no record of is one it
     was not in (or never reached), and says nothing."""
-    left = [_enqueued(progress.get(r, {})) for r in gone]
+    left = [probe_files.enqueued_seqs(progress.get(r, {}).get("collectives")) for r in gone]
     for r in live:
-        for pg, n in _enqueued(progress.get(r, {})).items():
+        for pg, n in probe_files.enqueued_seqs(progress.get(r, {}).get("collectives")).items():
             if any(pg in g and n > g[pg] for g in left):
                 return True
     return False

@@ -48,14 +48,24 @@ def read_progress(probe_dir: str | Path, rank: int, *, root: PathLike) -> dict[s
     return _read_json(root, progress_path(probe_dir, rank))
 
 
+def enqueued_seqs(collectives: Any) -> dict[str, int]:
+    """Per process group, the last collective seq a rank enqueued, as its probe recorded it
+    (the file is the job's: entries that are not integers are left out)."""
+    out: dict[str, int] = {}
+    for pg, st in (collectives.items() if isinstance(collectives, Mapping) else ()):
+        n = st.get("enqueued") if isinstance(st, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool):
+            out[str(pg)] = n
+    return out
+
+
 def collective_count(collectives: Mapping[str, Any] | None) -> int | None:
     """One number that grows whenever any of a rank's groups enqueues a collective: the sum
     of the last enqueued seqs (None before the first collective). The file is the job's: the
     count is capped at MAX_COLLECTIVES, which a store's 64-bit column holds."""
     total, seen = 0, False
-    for st in (collectives or {}).values():
-        n = st.get("enqueued") if isinstance(st, Mapping) else None
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+    for n in enqueued_seqs(collectives).values():
+        if n > 0:
             total, seen = min(MAX_COLLECTIVES, total + n), True
     return total if seen else None
 

@@ -225,43 +225,37 @@ def test_the_last_rank_tearing_down_after_a_clean_peer_left_is_not_a_hang(
     assert w._tick() is True and len(w.reports) == 1
 
 
+@pytest.mark.parametrize(("leaver", "before", "after", "reported"), [
+    # rank 1 enqueued a collective on group "1", which rank 0 was in and never did: a hang
+    ({"0": 9, "1": 3}, {"0": 9, "1": 3}, {"0": 9, "1": 4}, True),
+    # rank 1 went on on group "2", of which rank 0 has no record (not its member): it holds
+    ({"0": 9}, {"0": 9, "2": 39}, {"0": 9, "2": 40}, False),
+], ids=["shared-group", "group-the-leaver-was-not-in"])
 def test_a_live_rank_past_a_clean_leaver_on_any_shared_group_is_a_hang_at_the_threshold(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hold is only for ranks that entered nothing the leaver did not: rank 1 enqueued a
-    collective on group "1" (which rank 0 was in) that rank 0 never did, so the stall rule
-    fires at its threshold. A group the leaver has no record of (not its member) says
-    nothing either way."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leaver: dict[str, int],
+        before: dict[str, int], after: dict[str, int], reported: bool) -> None:
+    """The hold is only for ranks that entered nothing the leaver did not: a collective on a
+    group the clean leaver was in and never did fires the stall rule at its threshold,
+    naming the leaver. A group the leaver has no record of says nothing either way."""
     from api.cli import local_watch
+
+    def groups(seqs: dict[str, int]) -> dict[str, dict[str, int]]:
+        return {pg: {"enqueued": n, "completed": n} for pg, n in seqs.items()}
 
     monkeypatch.setattr(local_watch, "ANSWER_S", 0.2)
     now = [0.0]
-    w = _watch_of(tmp_path / "a", now, {
-        0: {"pid": 2**22 + 12345, "exited": {"error": None},
-            "collectives": {"0": {"enqueued": 9, "completed": 9},
-                            "1": {"enqueued": 3, "completed": 3}}},
-        1: {"pid": os.getpid(), "collectives": {"0": {"enqueued": 9, "completed": 9},
-                                                "1": {"enqueued": 3, "completed": 3}}}},
-        stall_timeout_s=3)
+    w = _watch_of(tmp_path, now, {
+        0: {"pid": 2**22 + 12345, "exited": {"error": None}, "collectives": groups(leaver)},
+        1: {"pid": os.getpid(), "collectives": groups(before)}}, stall_timeout_s=3)
     assert w._tick() is False
     now[0] = 1.0
-    _advance(tmp_path / "a", 1, {"0": {"enqueued": 9}, "1": {"enqueued": 4}})
+    _advance(tmp_path, 1, groups(after))
     assert w._tick() is False
     now[0] = 4.5
-    assert w._tick() is True and list(w.reports[0].culprit_ranks) == [0]
-
-    now[0] = 0.0
-    w = _watch_of(tmp_path / "b", now, {
-        0: {"pid": 2**22 + 12345, "exited": {"error": None},
-            "collectives": {"0": {"enqueued": 9, "completed": 9}}},
-        1: {"pid": os.getpid(), "collectives": {"0": {"enqueued": 9, "completed": 9},
-                                                "2": {"enqueued": 39, "completed": 39}}}},
-        stall_timeout_s=3)
-    assert w._tick() is False
-    now[0] = 1.0
-    _advance(tmp_path / "b", 1, {"0": {"enqueued": 9}, "2": {"enqueued": 40}})
-    assert w._tick() is False
-    now[0] = 4.5
-    assert w._tick() is False and w.reports == []
+    if reported:
+        assert w._tick() is True and list(w.reports[0].culprit_ranks) == [0]
+    else:
+        assert w._tick() is False and w.reports == []
 
 
 def _advance(out: Path, rank: int, collectives: dict) -> None:
