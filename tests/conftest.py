@@ -24,6 +24,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # backlog: a CPU-second each, for processes meshyard's actors never run in.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
+# Ray's own telemetry, which nothing in meshyard or its tests reads (every cluster here runs
+# without Ray's dashboard): each worker's metrics exported to its node's agent, each worker's
+# task events sent to the GCS every second, and each node agent's node and worker stats every
+# 5 s. Off, a 4-node simulated cluster running tasks and actor calls spends about an
+# eighth less CPU (bench/ray_telemetry.py).
+os.environ.setdefault("RAY_enable_metrics_collection", "0")
+os.environ.setdefault("RAY_task_events_report_interval_ms", "0")
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Confined ranks add the ports they close to this host sysctl (meshyard/_confine.py,

@@ -6,6 +6,7 @@ runtime joins them with the declared topology written next to the database.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,11 +67,11 @@ def write_cluster_file(path: Path, nodes: dict[str, dict[str, Any]] = GPU_NODES)
     return path
 
 
-@pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[Cluster]:
-    """One cluster for the whole package (a start costs 10-35 s on this loaded machine):
-    head (1 CPU), n1 and n2 (2 fake GPUs each), c1 (CPU only, where CPU jobs and the warm
-    pool go). Tests leave no job running; the runtime sweeps what a failed test left."""
+@contextlib.contextmanager
+def package_cluster() -> Iterator[Cluster]:
+    """The package's simulated cluster, this process connected to it: head (1 CPU), n1 and
+    n2 (2 fake GPUs each), c1 (CPU only, where CPU jobs and the warm pool go). Disconnected and
+    stopped at the end of the block (bench/ray_telemetry.py measures on it too)."""
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 1, "include_dashboard": False, **NODE_ARGS})
     try:
@@ -84,6 +85,14 @@ def ray_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="package")
+def ray_cluster() -> Iterator[Cluster]:
+    """One cluster for the whole package (a start costs 10-35 s on this loaded machine).
+    Tests leave no job running; the runtime sweeps what a failed test left."""
+    with package_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture()
