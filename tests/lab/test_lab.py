@@ -112,7 +112,16 @@ from api.client import MeshyardClient
 spec = json.loads(SPEC)
 with MeshyardClient(URL, TOKEN) as c:
     job = (c.submit_with_code(spec, working_dir=Path(CODE)) if CODE else c.submit(spec))
-    done = c.wait(job.id, timeout_s=240)
+    try:
+        done = c.wait(job.id, timeout_s=240)
+    except TimeoutError:  # what the job was doing, for the failure's message
+        import sys
+        print(json.dumps({"events": [e.model_dump(mode="json") for e in c.events(job.id)],
+                          "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
+                          "logs": {rank: [x.line for x in c.logs(job.id, rank=rank,
+                                                                 limit=1000).items][-40:]
+                                   for rank in (0, 1)}}, default=str), file=sys.stderr)
+        raise
     print(json.dumps({"state": done.state.value, "message": done.message,
                       "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
                       "events": [e.model_dump(mode="json") for e in c.events(job.id)],
@@ -150,7 +159,7 @@ def _run_job(lab: labmod.Lab, url: str, spec: dict, code: str | None = None) -> 
     script = (_SUBMIT.replace("URL", repr(url)).replace("TOKEN", repr(_TOKEN))
               .replace("SPEC", repr(json.dumps(spec))).replace("CODE", repr(code)))
     proc = lab.python_in(lab.head, script, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:] + lab.log_tail(lab.hosts[2], "serve.log")
+    assert proc.returncode == 0, proc.stderr[-12000:] + lab.log_tail(lab.hosts[2], "serve.log")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
