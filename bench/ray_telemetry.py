@@ -5,7 +5,7 @@ suite runs its clusters (tests/conftest.py), on the same work in one run.
 
 Ray's telemetry here is three things: each worker's metrics exported to its node's agent
 (RAY_enable_metrics_collection), each worker's task events sent to the GCS every second
-(RAY_task_events_report_interval_ms), and each node agent's process and disk stats every 5 s
+(RAY_task_events_report_interval_ms), and each node agent's node and worker stats every 5 s
 (REPORTER_UPDATE_INTERVAL_MS). Nothing in meshyard reads any of them.
 
 Each round starts the test suite's runtime cluster (ray.cluster_utils.Cluster: a head of 1

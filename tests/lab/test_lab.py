@@ -107,25 +107,28 @@ def test_a_hosts_run_dir_is_invisible_to_the_others(lab: labmod.Lab):
 
 _SUBMIT = r"""
 import json
+import sys
 from pathlib import Path
 from api.client import MeshyardClient
 spec = json.loads(SPEC)
+
+def evidence(c, job):
+    # rank 0's whole log and rank 1's last lines; the events last, where a failure's
+    # message (the end of stderr) keeps them
+    return {"state": job.state.value, "message": job.message,
+            "logs": [x.line for x in c.logs(job.id, rank=0, limit=1000).items],
+            "rank_1_tail": [x.line for x in c.logs(job.id, rank=1, limit=1000).items][-40:],
+            "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
+            "events": [e.model_dump(mode="json") for e in c.events(job.id)]}
+
 with MeshyardClient(URL, TOKEN) as c:
     job = (c.submit_with_code(spec, working_dir=Path(CODE)) if CODE else c.submit(spec))
     try:
         done = c.wait(job.id, timeout_s=240)
     except TimeoutError:  # what the job was doing, for the failure's message
-        import sys
-        print(json.dumps({"events": [e.model_dump(mode="json") for e in c.events(job.id)],
-                          "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
-                          "logs": {rank: [x.line for x in c.logs(job.id, rank=rank,
-                                                                 limit=1000).items][-40:]
-                                   for rank in (0, 1)}}, default=str), file=sys.stderr)
+        print(json.dumps(evidence(c, c.get_job(job.id)), default=str), file=sys.stderr)
         raise
-    print(json.dumps({"state": done.state.value, "message": done.message,
-                      "ranks": [r.model_dump(mode="json") for r in c.ranks(job.id).items],
-                      "events": [e.model_dump(mode="json") for e in c.events(job.id)],
-                      "logs": [x.line for x in c.logs(job.id, rank=0, limit=1000).items]}))
+    print(json.dumps(evidence(c, done)))
 """
 _TOKEN = "lab-admin-token-" + "0" * 24
 _BUILT_IN = {"version": 1, "name": "lab-two-hosts",
