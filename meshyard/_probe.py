@@ -28,7 +28,10 @@ The probe never calls into c10d while the rank tears its process groups down: on
 hold a lock the probe takes around its own c10d calls, and the probe takes it for good when
 the interpreter exits. A Flight Recorder dump from the side thread racing the destruction of
 the groups it reads is a lock-order hazard between the recorder and the GIL; the lock keeps
-the two apart.
+the two apart. The same wrapper holds on to the groups it destroys until the next call or the
+interpreter's exit (`_keep_groups`), so a DDP model freed right after the call cannot hang the
+rank in ~ProcessGroupGloo; `meshyard.parallel` installs it wherever meshyard creates the
+default group (built-in ranks, function jobs), with or without the probe.
 
 Why not torch's `torch.distributed.debug` (torch 2.13): its per-rank C++ `_WorkerServer`
 answers `dump_traceback`, `fr_trace_json` and `pyspy_dump` (checked here: it also listens on
@@ -112,6 +115,7 @@ def guard_teardown() -> bool:
     @functools.wraps(original)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         with _C10D_LOCK:
+            _keep_groups(mod, args[0] if args else kwargs.get("group"))
             return original(*args, **kwargs)
 
     destroy_process_group._meshyard_guarded = True  # type: ignore[attr-defined]
@@ -120,6 +124,39 @@ def guard_teardown() -> bool:
     if dist is not None and getattr(dist, "destroy_process_group", None) is original:
         dist.destroy_process_group = destroy_process_group
     return True
+
+
+# The groups the last `destroy_process_group` call destroyed, and the atexit hook that lets
+# them go (`_keep_groups`).
+_KEPT_GROUPS: list[Any] = []
+_RELEASE_REGISTERED = False
+
+
+def _keep_groups(mod: Any, group: Any) -> None:
+    """Holds a reference to each group `destroy_process_group(group)` is about to destroy,
+    so that the user's objects that still hold one (DDP's Reducer, FSDP's state) never drop
+    the last one.
+
+    A group's last reference dropped from C++ while the thread holds the GIL (pybind frees a
+    Reducer without releasing it) runs ~ProcessGroupGloo there, which joins the gloo worker
+    threads; one of them may still be freeing the group's last work, whose tensors need the
+    GIL to drop their Python objects: the rank hangs for good after its last step (a DDP
+    model freed right after `barrier(); destroy_process_group()`, when its function returns).
+    Dropped from Python instead (here, at the next destroy call or at exit), torch's holder
+    releases the GIL before the destructor runs."""
+    try:
+        world = mod._world
+        if group is None or group is getattr(mod.GroupMember, "WORLD", None):
+            groups = list(world.pg_map)
+        else:
+            groups = [group] if group in world.pg_map else []
+    except Exception:  # noqa: BLE001 - torch's internals moved: destroy as before
+        return
+    global _RELEASE_REGISTERED
+    _KEPT_GROUPS[:] = groups  # those of an earlier call go, from Python, without the GIL
+    if not _RELEASE_REGISTERED:
+        atexit.register(_KEPT_GROUPS.clear)
+        _RELEASE_REGISTERED = True
 
 
 def _c10d() -> Any:

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from meshyard import _probe
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -73,10 +75,13 @@ def wait_for_store(addr: str, port: int, *, rank: int, within_s: float = STORE_W
 def join_process_group(backend: str, addr: str, port: int, *, rank: int, world_size: int,
                        timeout: timedelta, **kwargs: Any) -> None:
     """Joins the default process group whose rank 0 serves the store at tcp://addr:port,
-    once that store listens (`wait_for_store`); `kwargs` go to `init_process_group`."""
+    once that store listens (`wait_for_store`); `kwargs` go to `init_process_group`. The
+    groups' teardown is guarded from here on (meshyard/_probe.py, `guard_teardown`): a model
+    freed right after `destroy_process_group` cannot hang the process."""
     wait_for_store(addr, port, rank=rank)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=world_size, timeout=timeout, **kwargs)
+    _probe.guard_teardown()
 
 
 def local_device() -> torch.device:
@@ -102,6 +107,7 @@ def ensure_process_group(timeout_s: float | None = None) -> torch.device:
                        rank=int(os.environ.get("RANK", "0")))
     dist.init_process_group(backend=backend_for(device), init_method="env://", timeout=timeout,
                             **kwargs)
+    _probe.guard_teardown()  # as in join_process_group
     return device
 
 

@@ -69,3 +69,28 @@ def test_no_flight_recorder_call_while_the_process_group_is_destroyed(
     overlapping = [c for c in calls if c[0] < end and c[1] > start]
     assert not overlapping, (start, end, overlapping)
     assert len(calls) == sampled
+
+
+def test_destroyed_groups_are_kept_until_the_next_destroy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guarded `destroy_process_group` keeps the groups it destroys, so the user's
+    objects that still hold one (a DDP Reducer freed after the call) never drop the last
+    reference with the GIL held; the next destroy call lets the earlier ones go."""
+    for mod in (distributed_c10d, dist):  # the guard's wrapper is undone after the test
+        monkeypatch.setattr(mod, "destroy_process_group", distributed_c10d.destroy_process_group)
+    monkeypatch.setattr(_probe, "_KEPT_GROUPS", [])
+    assert _probe.guard_teardown()
+    rounds = []  # each round's groups, held here so that identities stay unique
+    try:
+        for _ in range(2):
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            sub = dist.new_group([0])
+            rounds.append((distributed_c10d._get_default_group(), sub))
+            dist.destroy_process_group()
+            assert not dist.is_initialized()
+            kept = _probe._KEPT_GROUPS
+            assert len(kept) == 2 and all(any(g is k for k in kept) for g in rounds[-1])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    # the first round's groups were let go by the second call
+    assert not any(g is k for g in rounds[0] for k in _probe._KEPT_GROUPS)
