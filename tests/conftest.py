@@ -43,6 +43,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         with contextlib.suppress(OSError):
             config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
+    elif _filler_nice() and config.workerinput["workercount"] >= 3 and \
+            config.workerinput["workerid"] == f"gw{config.workerinput['workercount'] - 1}":
+        os.nice(_filler_nice())  # the filler, and what it starts, take only idle CPU
+
+
+def _filler_nice() -> int:
+    """MESHYARD_TEST_FILLER_NICE=N: with three workers or more, the filler (the last worker)
+    runs at nice N and takes no FILLER_LAST group (those go to the front workers in queue
+    order), so its tests use the CPU the scenarios leave idle instead of slowing them."""
+    try:
+        return max(0, min(19, int(os.environ.get("MESHYARD_TEST_FILLER_NICE", "0"))))
+    except ValueError:
+        return 0
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -194,15 +207,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             queue = self.workqueue
             if len(self.nodes) >= 3:
                 last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
+                reserved = () if _filler_nice() else FILLER_LAST
                 if node is last:
                     pick = next((s for s in reversed(queue) if filler_scope(s)), None) or \
-                        next((s for s in queue if s in FILLER_LAST), None)
+                        next((s for s in queue if s in reserved), None)
                     if pick is None:
                         node.shutdown()
                         return
                 else:
                     pick = next((s for s in queue if not filler_scope(s)
-                                 and s not in FILLER_LAST), next(iter(queue)))
+                                 and s not in reserved), next(iter(queue)))
                 queue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
 
