@@ -17,7 +17,8 @@ PYTEST_ARGS ?=
 # groups start first (the longest units). A third worker (`XDIST="-n 3 ..."`) fills in with
 # the modules that start no Ray, then the lab (tests/conftest.py, FILLER_FOLDERS): faster on
 # a quiet machine, but on two cores it drives the load past 20 and the scenarios' thresholds
-# with it, so it is not the default.
+# with it, so it is not the default. MESHYARD_TEST_FILLER_NICE=10 beside it runs the filler at
+# nice 10 and gives the lab to the front workers (bench/README.md, "Three workers").
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
