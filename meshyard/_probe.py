@@ -126,10 +126,10 @@ def guard_teardown() -> bool:
     return True
 
 
-# The groups the last `destroy_process_group` call destroyed, and the atexit hook that lets
-# them go (`_keep_groups`).
+# The groups the last `destroy_process_group` call destroyed (`_keep_groups`), let go at the
+# interpreter's exit while it is still whole.
 _KEPT_GROUPS: list[Any] = []
-_RELEASE_REGISTERED = False
+atexit.register(lambda: _KEPT_GROUPS.clear())
 
 
 def _keep_groups(mod: Any, group: Any) -> None:
@@ -152,11 +152,7 @@ def _keep_groups(mod: Any, group: Any) -> None:
             groups = [group] if group in world.pg_map else []
     except Exception:  # noqa: BLE001 - torch's internals moved: destroy as before
         return
-    global _RELEASE_REGISTERED
     _KEPT_GROUPS[:] = groups  # those of an earlier call go, from Python, without the GIL
-    if not _RELEASE_REGISTERED:
-        atexit.register(_KEPT_GROUPS.clear)
-        _RELEASE_REGISTERED = True
 
 
 def _c10d() -> Any:

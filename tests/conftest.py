@@ -43,9 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         with contextlib.suppress(OSError):
             config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
-    elif _filler_nice() and config.workerinput["workercount"] >= 3 and \
+    elif FILLER_NICE and config.workerinput["workercount"] >= 3 and \
             config.workerinput["workerid"] == f"gw{config.workerinput['workercount'] - 1}":
-        os.nice(_filler_nice())  # the filler, and what it starts, take only idle CPU
+        os.nice(FILLER_NICE)  # the filler, and what it starts, take only idle CPU
 
 
 def _filler_nice() -> int:
@@ -56,6 +56,9 @@ def _filler_nice() -> int:
         return max(0, min(19, int(os.environ.get("MESHYARD_TEST_FILLER_NICE", "0"))))
     except ValueError:
         return 0
+
+
+FILLER_NICE = _filler_nice()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -207,7 +210,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             queue = self.workqueue
             if len(self.nodes) >= 3:
                 last = max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw") or 0))
-                reserved = () if _filler_nice() else FILLER_LAST
+                reserved = () if FILLER_NICE else FILLER_LAST
                 if node is last:
                     pick = next((s for s in reversed(queue) if filler_scope(s)), None) or \
                         next((s for s in queue if s in reserved), None)

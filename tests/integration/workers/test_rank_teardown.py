@@ -7,9 +7,9 @@ interleave as on a loaded host.
 
 Without the probe's teardown guard keeping the destroyed groups (meshyard/_probe.py,
 `_keep_groups`), the freed Reducer drops the group's last reference with the GIL held and
-~ProcessGroupGloo joins a gloo thread that waits for that GIL: here a rank hung within 10-30
-rounds in each of four tries; the product saw it as a job whose rank 0 exited 0 and whose rank
-1 never did.
+~ProcessGroupGloo joins a gloo thread that waits for that GIL: here the ranks stopped at
+rounds 7-8 in both tries; the product saw it as a job whose rank 0 exited 0 and whose rank 1
+never did.
 """
 
 from __future__ import annotations
