@@ -4,10 +4,13 @@
     .venv/bin/python bench/suite_timeline.py /tmp/t.jsonl [--top 40] [--json OUT]
 
 Each line of the timeline is one test: its xdist worker, start and end (fixtures included) and
-the machine's CPU ticks over it (tests/conftest.py). Printed: each worker's busy time and idle
-tail (the run ends when its busiest worker does), and per unit of scheduling (an XDIST_GROUPS
-group or a module, as `make test` hands them out) its wall time and an estimate of its CPU:
-every second of machine CPU is split evenly between the tests running in that second.
+the machine's CPU ticks over it (tests/conftest.py); two more lines hold the machine's speed at
+the run's start and end (the CPU of one process importing torch, torch._dynamo and
+torch.distributed), against which runs on a faster or slower machine compare. Printed: each
+worker's busy time and idle tail (the run ends when its busiest worker does), and per unit of
+scheduling (an XDIST_GROUPS group or a module, as `make test` hands them out) its wall time and
+an estimate of its CPU: every second of machine CPU is split evenly between the tests running
+in that second.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ from tests.conftest import xdist_scope  # noqa: E402
 
 
 def load(path: Path) -> list[dict]:
+    """The tests' lines (the `speed` lines are read by `speeds`)."""
+    return [r for r in _lines(path) if "test" in r]
+
+
+def speeds(path: Path) -> dict[str, float]:
+    """The CPU-seconds of the speed probe (tests/conftest.py, SPEED_PROBE) at the run's
+    `start` and `end`, where the timeline has them."""
+    return {r["speed"]: r["import_cpu_s"] for r in _lines(path) if "speed" in r}
+
+
+def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
 
 
@@ -79,8 +93,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     s = summary(load(args.timeline), args.top)
+    s["speed_probe_cpu_s"] = speed = speeds(args.timeline)
     print(f"{s['tests']} tests, {s['wall_s']:.0f} s from the first start to the last end, "
           f"about {s['cpu_s_estimated']:.0f} CPU-s of the machine's")
+    if speed:
+        mean = sum(speed.values()) / len(speed)
+        print("  the machine's speed: the probe (import torch, torch._dynamo, "
+              "torch.distributed) took " + ", ".join(f"{v:.2f} CPU-s at the {k}"
+                                                     for k, v in speed.items())
+              + f"; the run's CPU is {s['cpu_s_estimated'] / mean:.0f} such imports")
     for name, w in s["workers"].items():
         print(f"  {name}: {w['tests']} tests, busy {w['busy_s']:.0f} s, "
               f"last test ended at {w['last_end']:.0f} s")

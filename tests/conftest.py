@@ -43,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         with contextlib.suppress(OSError):
             config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
+        _timeline_speed("start")
     elif FILLER_NICE and config.workerinput["workercount"] >= 3 and \
             config.workerinput["workerid"] == f"gw{config.workerinput['workercount'] - 1}":
         os.nice(FILLER_NICE)  # the filler, and what it starts, take only idle CPU
@@ -62,6 +63,8 @@ FILLER_NICE = _filler_nice()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        _timeline_speed("end")
     before = config.stash.get(_reserved_key, None)
     if before is not None and not hasattr(config, "workerinput"):
         with contextlib.suppress(OSError):
@@ -224,6 +227,36 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return SharedClusterScheduling(config, log)
+
+
+# What the machine's speed is measured by: the CPU of a process that imports what every rank
+# and worker actor imports. The same code's CPU moves by half with it from one run to the next
+# on this kind of machine, so a run's CPU is read against it (bench/suite_timeline.py).
+SPEED_PROBE = "import torch, torch._dynamo, torch.distributed"
+
+
+def _timeline_speed(when: str) -> None:
+    """With MESHYARD_TEST_TIMELINE=FILE, the CPU-seconds of one `SPEED_PROBE` process at the
+    run's start and end go to FILE as a line of their own (`speed`)."""
+    path = os.environ.get("MESHYARD_TEST_TIMELINE")
+    if not path:
+        return
+    import json
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    def children() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    before = children()
+    done = subprocess.run([sys.executable, "-c", SPEED_PROBE], check=False, timeout=300)
+    if done.returncode == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"speed": when, "time": time.time(),
+                                "import_cpu_s": round(children() - before, 2)}) + "\n")
 
 
 def _machine_cpu_ticks() -> int:
