@@ -50,13 +50,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _filler_nice() -> int:
-    """MESHYARD_TEST_FILLER_NICE=N: with three workers or more, the filler (the last worker)
-    runs at nice N and takes no FILLER_LAST group (those go to the front workers in queue
-    order), so its tests use the CPU the scenarios leave idle instead of slowing them."""
+    """MESHYARD_TEST_FILLER_NICE=N (10 unless set): with three workers or more, the filler
+    (the last worker) runs at nice N and takes no FILLER_LAST group (those go to the front
+    workers in queue order), so its tests use the CPU the scenarios leave idle instead of
+    slowing them. 0: the filler runs at the front workers' priority and takes the lab last."""
     try:
-        return max(0, min(19, int(os.environ.get("MESHYARD_TEST_FILLER_NICE", "0"))))
+        return max(0, min(19, int(os.environ.get("MESHYARD_TEST_FILLER_NICE", "10"))))
     except ValueError:
-        return 0
+        return 10
 
 
 FILLER_NICE = _filler_nice()
