@@ -17,8 +17,8 @@ PYTEST_ARGS ?=
 # groups start first (the longest units). Two workers run the scenarios; the third, the
 # filler, runs at nice 10 (MESHYARD_TEST_FILLER_NICE) with the modules that start no Ray and
 # no torch.distributed job (tests/conftest.py, FILLER_FOLDERS), so they take the CPU the
-# scenarios leave idle while they wait out thresholds and polls (bench/README.md, "Three
-# workers"). `XDIST="-n 2 --dist loadfile --no-loadscope-reorder"` runs without the filler.
+# scenarios leave idle while they wait out thresholds and polls (Ray runs its own worker
+# processes at nice 15; bench/README.md, "Three workers"). `XDIST="-n 2 --dist loadfile --no-loadscope-reorder"` runs without the filler.
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 # The edit loop's unit tests: two workers (a third would only collect the suite once more).
 CHECK_XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder

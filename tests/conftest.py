@@ -46,14 +46,18 @@ def pytest_configure(config: pytest.Config) -> None:
         _timeline_speed("start")
     elif FILLER_NICE and config.workerinput["workercount"] >= 3 and \
             config.workerinput["workerid"] == f"gw{config.workerinput['workercount'] - 1}":
-        os.nice(FILLER_NICE)  # the filler, and what it starts, take only idle CPU
+        os.nice(FILLER_NICE)  # the filler and what it starts yield to the front workers
 
 
 def _filler_nice() -> int:
     """MESHYARD_TEST_FILLER_NICE=N (10 unless set): with three workers or more, the filler
     (the last worker) runs at nice N and takes no FILLER_LAST group (those go to the front
     workers in queue order), so its tests use the CPU the scenarios leave idle instead of
-    slowing them. 0: the filler runs at the front workers' priority and takes the lab last."""
+    slowing them. 0: the filler runs at the front workers' priority and takes the lab last.
+    The raylets start Ray's worker processes (worker actors, their ranks, attempt
+    controllers, task workers) at nice 15, Ray's default: at 10 the filler yields to the
+    front workers' drivers, servers, CLI runs and torchrun ranks, not to their Ray workers;
+    at 19 it yields to all of them (bench/README.md, "Three workers")."""
     try:
         return max(0, min(19, int(os.environ.get("MESHYARD_TEST_FILLER_NICE", "10"))))
     except ValueError:

@@ -221,10 +221,12 @@ def test_ending_a_process_of_the_actor_spares_a_prestarted_rank_still_waiting(
         other = RankProcess([PY, "-c", "import subprocess, sys, time; subprocess.Popen("
                              "[sys.executable, '-c', 'import time; time.sleep(60)']); "
                              "time.sleep(60)"], env=base, cwd=str(tmp_path)).start()
-        # the other's own child, once it has started it (a bounded wait, not a fixed sleep)
-        left = until(lambda: [p for p in _children_of(os.getpid())
-                              if p not in (pre.pid, other.pid)],
+        # the other's own child, once it has started it (a bounded wait, not a fixed sleep);
+        # read below the other, not as whatever else this process has below it: a process
+        # an earlier test started may still be ending there
+        left = until(lambda: _children_of(other.pid),
                      timeout_s=60, what="the other rank's child", poll_s=0.05)
+        assert pre.pid not in left
         other.kill_tree()
         assert other.poll() is not None and pre.pid is not None and alive(pre.pid)
         assert [p for p in left if alive(p)] == []  # the other's own child did not survive
