@@ -18,8 +18,8 @@ PYTEST_ARGS ?=
 # takes the modules that start no Ray and no torch.distributed job (tests/conftest.py,
 # FILLER_FOLDERS) at nice MESHYARD_TEST_FILLER_NICE (10 unless set; Ray runs its own worker
 # processes at nice 15). Measured against two workers on the same machine speed it was
-# faster in two pairs of runs and slower in one (with 11 % more CPU), so it is not the default
-# (bench/README.md, "Three workers").
+# faster in three pairs of runs and slower in one (with 11 % more CPU); not the default until
+# a run of that change passes (bench/README.md, "Three workers").
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
