@@ -27,19 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import xdist_scope  # noqa: E402
 
 
-def load(path: Path) -> list[dict]:
-    """The tests' lines (the `speed` lines are read by `speeds`)."""
-    return [r for r in _lines(path) if "test" in r]
-
-
-def speeds(path: Path) -> dict[str, float]:
-    """The CPU-seconds of the speed probe (tests/conftest.py, SPEED_PROBE) at the run's
-    `start` and `end`, where the timeline has them."""
-    return {r["speed"]: r["import_cpu_s"] for r in _lines(path) if "speed" in r}
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+def load(path: Path) -> tuple[list[dict], dict[str, float]]:
+    """The tests' lines, and the CPU-seconds of the speed probe (tests/conftest.py,
+    `_timeline_speed`) at the run's `start` and `end` where the timeline has them."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+    return ([r for r in lines if "test" in r],
+            {r["speed"]: r["import_cpu_s"] for r in lines if "speed" in r})
 
 
 def cpu_shares(rows: list[dict]) -> list[float]:
@@ -92,8 +85,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    s = summary(load(args.timeline), args.top)
-    s["speed_probe_cpu_s"] = speed = speeds(args.timeline)
+    rows, speed = load(args.timeline)
+    s = summary(rows, args.top)
+    s["speed_probe_cpu_s"] = speed
     print(f"{s['tests']} tests, {s['wall_s']:.0f} s from the first start to the last end, "
           f"about {s['cpu_s_estimated']:.0f} CPU-s of the machine's")
     if speed:

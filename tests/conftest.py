@@ -68,10 +68,11 @@ FILLER_NICE = _filler_nice()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput"):
-        _timeline_speed("end")
+    if hasattr(config, "workerinput"):
+        return
+    _timeline_speed("end")
     before = config.stash.get(_reserved_key, None)
-    if before is not None and not hasattr(config, "workerinput"):
+    if before is not None:
         with contextlib.suppress(OSError):
             RESERVED_PORTS.write_text(before or "\n")
 
@@ -234,34 +235,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedClusterScheduling(config, log)
 
 
-# What the machine's speed is measured by: the CPU of a process that imports what every rank
-# and worker actor imports. The same code's CPU moves by half with it from one run to the next
-# on this kind of machine, so a run's CPU is read against it (bench/suite_timeline.py).
-SPEED_PROBE = "import torch, torch._dynamo, torch.distributed"
-
-
 def _timeline_speed(when: str) -> None:
-    """With MESHYARD_TEST_TIMELINE=FILE, the CPU-seconds of one `SPEED_PROBE` process at the
-    run's start and end go to FILE as a line of their own (`speed`)."""
+    """With MESHYARD_TEST_TIMELINE=FILE, the machine's speed at the run's start and end goes
+    to FILE as a line of its own (`speed`): the CPU-seconds of one process importing torch,
+    torch._dynamo and torch.distributed, what every rank and worker actor imports
+    (bench/interpreter.py's `torch` case). The same code's CPU moves by half with it from one
+    run to the next on this kind of machine (bench/suite_timeline.py reads a run against it)."""
     path = os.environ.get("MESHYARD_TEST_TIMELINE")
     if not path:
         return
     import json
-    import resource
-    import subprocess
     import sys
     import time
 
-    def children() -> float:
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
+    from bench.interpreter import cpu_of
 
-    before = children()
-    done = subprocess.run([sys.executable, "-c", SPEED_PROBE], check=False, timeout=300)
-    if done.returncode == 0:
-        with open(path, "a") as f:
-            f.write(json.dumps({"speed": when, "time": time.time(),
-                                "import_cpu_s": round(children() - before, 2)}) + "\n")
+    try:
+        cpu = cpu_of(sys.executable, "torch")
+    except SystemExit:  # the probe failed: the run goes on without the figure
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps({"speed": when, "time": time.time(),
+                            "import_cpu_s": round(cpu, 2)}) + "\n")
 
 
 def _machine_cpu_ticks() -> int:
