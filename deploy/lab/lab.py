@@ -3,7 +3,8 @@
 Every name this module makes starts with PREFIX ("myl-"), and `down()` removes by those names
 and by recorded PID, so it also cleans up after a crashed `up()` or test run:
 
-  bridge        myl-br0 (root namespace, no address: the lab network routes nowhere)
+  bridge        myl-br0 (root namespace, no address, no IPv6 link-local either on it or on
+                the root-side veths: the lab network routes nowhere)
   host i        network namespace myl-h<i>, veth myl-h<i> (root side, on the bridge) /
                 eth0 (inside) with 198.18.0.(10+i)/24, its own loopback
   host disk     a tmpfs mounted on RUN_DIR inside the host's own mount namespace (held by a
@@ -447,12 +448,21 @@ def _fake_nvidia_smi(h: Host) -> None:
     script.chmod(0o755)
 
 
+def _quiet_link(name: str) -> None:
+    """No IPv6 link-local address on a root-namespace lab link: the lab's links then add,
+    pull and remove no address in the machine's own namespace, where a browser (Chromium
+    aborts its in-flight requests with ERR_NETWORK_CHANGED on an address change) or a network
+    manager would take a lab host's cable for a change of the machine's network."""
+    _sh(["ip", "link", "set", "dev", name, "addrgenmode", "none"])
+
+
 def _make_host(h: Host) -> None:
     """The host's network namespace, link and address, and its keeper (mount + UTS
     namespace with the private disk on RUN_DIR)."""
     _sh(["ip", "netns", "add", h.name])
     _sh(["ip", "link", "add", h.name, "type", "veth", "peer", "name", "eth0",
          "netns", h.name])
+    _quiet_link(h.name)
     _sh(["ip", "link", "set", h.name, "master", BRIDGE])
     _sh(["ip", "link", "set", h.name, "up"])
     _sh(["ip", "-n", h.name, "addr", "add", f"{h.ip}/24", "dev", "eth0"])
@@ -515,6 +525,7 @@ def up(n: int = 2, *, ray: bool = True, plain: int = 0,
         (STATE_DIR / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{h.ip} {h.name}\n" for h in hosts))
         _sh(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        _quiet_link(BRIDGE)
         _sh(["ip", "link", "set", BRIDGE, "up"])
         for h in hosts:
             h.dir.mkdir(exist_ok=True)

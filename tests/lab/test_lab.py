@@ -236,6 +236,15 @@ def test_link_down_cuts_the_host_off_and_link_up_restores_it(lab: labmod.Lab, re
     while not lab.tcp_connects(lab.head, worker.ip, port, timeout=2):
         assert time.monotonic() < deadline, "link_up did not restore the connection"
         time.sleep(0.5)
+    # the machine's own namespace saw no address come or go: the lab's links carry none
+    # (a browser on the machine aborts its requests on an address change)
+    assert _root_lab_addresses() == []
+
+
+def _root_lab_addresses() -> list[str]:
+    shown = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return [line for line in shown if f" {labmod.PREFIX}" in line]
 
 
 def test_slow_link_shapes_both_directions(lab: labmod.Lab):
