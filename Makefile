@@ -11,16 +11,17 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo /usr/bin/python3 || echo python3)
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# The suite runs on two pytest-xdist workers, one test module at a time each (a module's
+# The suite runs on three pytest-xdist workers, one test module at a time each (a module's
 # fixtures start once). The modules that share a package's Ray cluster go to one worker as
 # one unit (tests/conftest.py, XDIST_GROUPS), so that cluster starts once in the run, and the
-# groups start first (the longest units). A third worker (`XDIST="-n 3 ..."`), the filler,
-# takes the modules that start no Ray and no torch.distributed job (tests/conftest.py,
+# groups start first (the longest units). Two workers take the scenarios; the third, the
+# filler, takes the modules that start no Ray and no torch.distributed job (tests/conftest.py,
 # FILLER_FOLDERS) at nice MESHYARD_TEST_FILLER_NICE (10 unless set; Ray runs its own worker
-# processes at nice 15). Measured against two workers on the same machine speed it was
-# faster in three pairs of runs and slower in one (with 11 % more CPU); not the default until
-# a run of that change passes (bench/README.md, "Three workers").
-XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
+# processes at nice 15), so it uses the CPU the scenarios leave idle while they wait out
+# thresholds and polls (bench/README.md, "Three workers"). `make check` runs the unit tests
+# on two workers (CHECK_XDIST).
+XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
+CHECK_XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Bytecode for the project's own modules. Every rank process, Ray worker and CLI run imports
 # them; where PYTHONDONTWRITEBYTECODE is set (this machine's default) nothing caches the
@@ -50,7 +51,7 @@ test: bytecode
 
 check: bytecode
 	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
-	$(PY) -m pytest $(XDIST) -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest $(CHECK_XDIST) -q tests/unit $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check meshyard orchestrator workers api tests bench
