@@ -217,13 +217,14 @@ class RankProcess:
     def kill_tree(self, *, known: set[int] | None = None) -> None:
         """SIGKILL to the rank's process group and every descendant of this actor but the
         prestarted rank processes still waiting for a rank."""
+        me, spared = os.getpid(), _spared()
         # the tree is read before anything in it dies: a process whose parent is killed
         # first is re-parented away from this actor and would no longer be found below it
-        left = (descendants(os.getpid()) | (known or set())) - _spared()
+        left = (descendants(me) | (known or set())) - spared
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-        left |= descendants(os.getpid()) - _spared()  # and what was started meanwhile
+        left |= descendants(me) - spared  # and what was started meanwhile
         _signal_all(left, signal.SIGKILL)
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
