@@ -120,11 +120,14 @@ def settings(tmp_path: Path, ray_cluster: Cluster) -> Settings:
 def package_settings(tmp_path: Path, ray_cluster: Cluster, **overrides: Any) -> Settings:
     """The package's settings (a module's `settings` fixture may override some). No spare
     controller: each runtime would start one more controller process than its jobs use
-    (test_spare_controllers.py keeps one and tests them)."""
+    (test_spare_controllers.py keeps one and tests them). No node sampling: a runtime that
+    lives past the first interval starts one sampler actor per node (a Ray worker process
+    each) for samples its test never reads (test_node_usage.py and test_job_insight.py
+    sample and read them)."""
     fields: dict[str, Any] = dict(
         data_dir=tmp_path, ray_address=ray_cluster.address,
         cluster_file=write_cluster_file(tmp_path / "cluster.yaml"),
-        allow_fault_injection=True, spare_controllers=0)
+        allow_fault_injection=True, spare_controllers=0, node_usage_interval_s=0)
     return Settings(**(fields | overrides))
 
 
