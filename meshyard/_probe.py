@@ -81,7 +81,10 @@ _PYSPY_TIMEOUT_S = 10.0
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`data` as JSON at `path`, whole or not at all: written to a file of this call's own
+    (a process's threads may write the same path at once: the probe's thread and its exit
+    hook) and renamed over `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, path)
 
@@ -261,6 +264,9 @@ class Probe:
         self.dir, self.rank, self.interval_s = directory, rank, interval_s
         self._stop = threading.Event()
         self._last: dict[str, dict[str, int]] | None = None
+        # Serializes the progress file's writes; once the exit is recorded nothing else is.
+        self._write_lock = threading.Lock()
+        self._exited = False
         self._answered: str | None = None
         self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
 
@@ -285,7 +291,8 @@ class Probe:
         # (and may destroy the groups the user's code left).
         _C10D_LOCK.acquire(timeout=_LOCK_WAIT_S)
         err = getattr(sys, "last_value", None)
-        with contextlib.suppress(Exception):
+        with self._write_lock, contextlib.suppress(Exception):
+            self._exited = True
             write_json_atomic(progress_path(self.dir, self.rank), {
                 "pid": os.getpid(), "time": time.time(), "collectives": self._last or {},
                 "exited": {"time": time.time(),
@@ -295,16 +302,21 @@ class Probe:
         self._stop.set()
 
     def _write_progress(self, marks: dict[str, dict[str, int]]) -> None:
-        write_json_atomic(progress_path(self.dir, self.rank),
-                          {"pid": os.getpid(), "time": time.time(), "collectives": marks})
-        self._last = marks
+        with self._write_lock:
+            if self._exited:  # the exit record is the last word
+                return
+            write_json_atomic(progress_path(self.dir, self.rank),
+                              {"pid": os.getpid(), "time": time.time(), "collectives": marks})
+            self._last = marks
 
     def _loop(self) -> None:
         req = request_path(self.dir, self.rank)
         while not self._stop.wait(self.interval_s):
             with contextlib.suppress(Exception):  # the probe never disturbs the user's code
                 marks = watermarks()
-                if marks != self._last:
+                # No groups any more after some (the user's code destroyed them): nothing
+                # new is known, and the last counts stand for the watcher.
+                if marks != self._last and (marks or not self._last):
                     self._write_progress(marks)
             if req.exists():
                 with contextlib.suppress(Exception):

@@ -4,6 +4,7 @@ watcher's command-line and exit helpers; the user's frame on a stack."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -408,3 +409,75 @@ def test_a_request_without_native_stacks_takes_no_py_spy_dump(tmp_path):
     assert not (tmp_path / "light" / "pyspy.txt").exists()
     assert light["stacks"] and (tmp_path / "light" / "stacks.txt").is_file()
     assert json.loads((tmp_path / "light" / "probe.json").read_text())["id"] == "light"
+
+
+def test_threads_writing_one_progress_file_at_once_leave_it_whole(tmp_path: Path) -> None:
+    """The probe's thread and its exit hook may write a rank's progress file at the same
+    moment: each write lands whole or not at all, never one's head over the other's tail
+    (a healthy rank's file once read as garbage, and the watcher took it for killed)."""
+    from meshyard._probe import write_json_atomic
+
+    path = probe_files.progress_path(tmp_path, 0)
+    long = {"pid": 1, "collectives": {str(g): {"enqueued": 25, "completed": 25}
+                                      for g in range(40)}, "exited": {"error": None}}
+    short = {"pid": 1, "collectives": {}}
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def write(doc: dict[str, Any]) -> None:
+        for _ in range(300):
+            write_json_atomic(path, doc)
+
+    def read() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                text = path.read_text()
+                try:
+                    assert json.loads(text) in (long, short)
+                except (ValueError, AssertionError):
+                    bad.append(text[:200])
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(d,)) for d in (long, short, long, short)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=60)
+    stop.set()
+    reader.join(timeout=10)
+    assert not bad, bad[:3]
+    assert json.loads(path.read_text()) in (long, short)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_exit_record_is_the_last_word_and_keeps_the_last_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the user's code destroyed its groups the probe's thread reads no counts: the
+    last ones stand in the file, and the exit record, written by the exit hook, keeps them;
+    a write the thread makes after it does not replace it."""
+    from meshyard import _probe
+
+    counts = {"0": {"enqueued": 25, "completed": 25}}
+    marks: list[dict[str, dict[str, int]]] = [counts]
+    monkeypatch.setattr(_probe, "watermarks", lambda: marks[0])
+    probe = _probe.Probe(tmp_path, rank=0, interval_s=0.05)
+    probe.start()
+    try:
+        path = probe_files.progress_path(tmp_path, 0)
+        deadline = time.monotonic() + 30
+        while json.loads(path.read_text())["collectives"] != counts:
+            assert time.monotonic() < deadline, path.read_text()
+            time.sleep(0.05)
+        marks[0] = {}  # the groups are gone
+        time.sleep(0.5)  # ten of the thread's wakes
+        assert json.loads(path.read_text())["collectives"] == counts
+        probe._at_exit()
+        probe._write_progress({"1": {"enqueued": 1, "completed": 1}})
+        got = json.loads(path.read_text())
+        assert got["collectives"] == counts and got["exited"]["error"] is None
+    finally:
+        probe.stop()
+        probe.thread.join(timeout=10)
+        if _probe._C10D_LOCK._is_owned():  # type: ignore[attr-defined]
+            _probe._C10D_LOCK.release()
