@@ -461,7 +461,13 @@ def test_the_exit_record_is_the_last_word_and_keeps_the_last_counts(
 
     counts = {"0": {"enqueued": 25, "completed": 25}}
     marks: list[dict[str, dict[str, int]]] = [counts]
-    monkeypatch.setattr(_probe, "watermarks", lambda: marks[0])
+    reads: list[int] = [0]  # the thread's reads of the counts, one a wake
+
+    def watermarks() -> dict[str, dict[str, int]]:
+        reads[0] += 1
+        return marks[0]
+
+    monkeypatch.setattr(_probe, "watermarks", watermarks)
     probe = _probe.Probe(tmp_path, rank=0, interval_s=0.05)
     probe.start()
     try:
@@ -471,7 +477,10 @@ def test_the_exit_record_is_the_last_word_and_keeps_the_last_counts(
             assert time.monotonic() < deadline, path.read_text()
             time.sleep(0.05)
         marks[0] = {}  # the groups are gone
-        time.sleep(0.5)  # ten of the thread's wakes
+        seen = reads[0]
+        while reads[0] < seen + 3:  # the thread has read "no groups" at least twice
+            assert time.monotonic() < deadline, "the probe's thread stopped waking"
+            time.sleep(0.05)
         assert json.loads(path.read_text())["collectives"] == counts
         probe._at_exit()
         probe._write_progress({"1": {"enqueued": 1, "completed": 1}})
