@@ -1,4 +1,4 @@
-"""How `make test` splits the suite over its two xdist workers (tests/conftest.py): a group
+"""How `make test` splits the suite over its xdist workers (tests/conftest.py): a group
 of modules goes to one worker as one unit, so the modules that share a Ray cluster start it
 once and the lab's modules, which each build the machine's one lab, never overlap."""
 
@@ -19,3 +19,22 @@ def test_shared_cluster_modules_are_one_unit_and_others_their_own() -> None:
     assert xdist_scope("tests/unit/test_spec.py::test_x") == "tests/unit/test_spec.py"
     assert xdist_scope("tests/e2e/test_dashboard_runtime.py::t") == \
         "tests/e2e/test_dashboard_runtime.py"
+
+
+def test_the_fillers_late_modules_exist_and_start_no_ray() -> None:
+    """The filler runs FILLER_AFTER modules at nice 19: a module there that started Ray, a
+    server or a browser would have its scenario starved by the front workers' load."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import FILLER_AFTER, LONG_MODULES, XDIST_GROUPS, filler_scope
+
+    root = Path(__file__).resolve().parents[2]
+    for module in FILLER_AFTER + LONG_MODULES:
+        assert (root / module).is_file(), module
+        assert not filler_scope(module) and xdist_scope(module + "::t") == module, module
+        assert not any(module.startswith(prefix) for prefix in XDIST_GROUPS), module
+    starts = re.compile(r"^\s*(import ray|from ray|.*\b(ray_cluster|start_serve|playwright)\b)",
+                        re.M)
+    for module in FILLER_AFTER:
+        assert not starts.search((root / module).read_text()), module
