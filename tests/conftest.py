@@ -44,25 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
         with contextlib.suppress(OSError):
             config.stash[_reserved_key] = RESERVED_PORTS.read_text().strip()
         _timeline_speed("start")
-    elif FILLER_NICE and _is_filler(config):
+    elif FILLER_NICE and config.workerinput["workercount"] >= 3 and \
+            config.workerinput["workerid"] == f"gw{config.workerinput['workercount'] - 1}":
         os.nice(FILLER_NICE)  # the filler and what it starts yield to the front workers
-
-
-def _is_filler(config: pytest.Config) -> bool:
-    """This process is the last of three xdist workers or more (conftest's scheduler)."""
-    workerinput = getattr(config, "workerinput", None)
-    return workerinput is not None and workerinput["workercount"] >= 3 and \
-        workerinput["workerid"] == f"gw{workerinput['workercount'] - 1}"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """The filler runs a FILLER_AFTER module, its fixtures and what it starts at nice
-    FILLER_AFTER_NICE (the test process's main thread; its children inherit it). The
-    filler takes those modules after all of its own, so nothing of its own runs slower."""
-    if FILLER_NICE and xdist_scope(item.nodeid) in FILLER_AFTER and _is_filler(item.config) \
-            and os.getpriority(os.PRIO_PROCESS, 0) < FILLER_AFTER_NICE:
-        os.setpriority(os.PRIO_PROCESS, 0, FILLER_AFTER_NICE)
 
 
 def _filler_nice() -> int:
@@ -154,7 +138,7 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The XDIST_GROUPS groups first (the longest units of work, in the order listed), then
-    folders with the longest tests; each folder's modules, and each module's tests, kept
+    the LONG_MODULES, then folders with the longest tests; each folder's modules, and each module's tests, kept
     together and in order, so a run that fails on a slow module says so early. `make test`
     hands whole modules, or the groups, to its xdist workers in this order: the longest
     first, so that no long unit starts late and ends the run alone."""
@@ -199,25 +183,13 @@ LONG_MODULES = ("tests/security/hostile/test_hostile_jobs.py",)
 # queue, the modules that start no Ray and no torch.distributed job (in-process tests; the
 # API's, the database's and the dashboard's, whose servers, CLI runs and browser need nothing
 # but CPU), then the FILLER_LAST groups (the lab, whose scenarios mostly wait on failure
-# detection), then, from the back, the FILLER_AFTER modules the front workers have not taken
-# yet, then stops. The other workers leave the filler's own modules to it while anything
-# else is left.
+# detection), then stops. The other workers leave these to it while anything else is left.
 FILLER_FOLDERS = ("tests/unit/", "tests/integration/api/", "tests/integration/store/",
                   "tests/e2e/")
 FILLER_EXCLUDED = (  # services that run jobs on a local Ray
     "tests/integration/api/test_ray_train_driver.py", "tests/e2e/test_dashboard_runtime.py",
     "tests/e2e/test_dashboard_reading.py")
 FILLER_LAST = ("lab",)
-# torch.distributed runs forked or launched from the test process, no Ray, nothing bound
-# by time but their launch's generous timeout: pure CPU. The filler runs them at nice 19
-# (FILLER_AFTER_NICE), below everything the front workers start, Ray's workers at nice 15
-# included, so they take only the CPU the scenarios leave idle while they wait out
-# thresholds and polls; ranks of one run share that nice, so none starves its peers.
-FILLER_AFTER = tuple(f"tests/integration/{m}.py" for m in (
-    "workers/test_parity", "workers/test_pipeline_parity", "workers/test_ep_parity",
-    "workers/test_checkpoint", "workers/test_checkpoint_transfer", "workers/test_layout_truth",
-    "workers/test_compression", "planner/test_calibrate_memory"))
-FILLER_AFTER_NICE = 19
 
 
 def filler_scope(scope: str) -> bool:
@@ -257,8 +229,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 reserved = () if FILLER_NICE else FILLER_LAST
                 if node is last:
                     pick = next((s for s in reversed(queue) if filler_scope(s)), None) or \
-                        next((s for s in queue if s in reserved), None) or \
-                        next((s for s in reversed(queue) if s in FILLER_AFTER), None)
+                        next((s for s in queue if s in reserved), None)
                     if pick is None:
                         node.shutdown()
                         return

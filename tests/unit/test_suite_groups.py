@@ -21,20 +21,14 @@ def test_shared_cluster_modules_are_one_unit_and_others_their_own() -> None:
         "tests/e2e/test_dashboard_runtime.py"
 
 
-def test_the_fillers_late_modules_exist_and_start_no_ray() -> None:
-    """The filler runs FILLER_AFTER modules at nice 19: a module there that started Ray, a
-    server or a browser would have its scenario starved by the front workers' load."""
-    import re
+def test_the_long_modules_are_modules_of_their_own_outside_the_fillers_share() -> None:
+    """A LONG_MODULES entry is handed out right after the groups to a front worker: it must
+    name a module that exists, is its own unit and is not the filler's."""
     from pathlib import Path
 
-    from tests.conftest import FILLER_AFTER, LONG_MODULES, XDIST_GROUPS, filler_scope
+    from tests.conftest import LONG_MODULES, filler_scope
 
     root = Path(__file__).resolve().parents[2]
-    for module in FILLER_AFTER + LONG_MODULES:
+    for module in LONG_MODULES:
         assert (root / module).is_file(), module
-        assert not filler_scope(module) and xdist_scope(module + "::t") == module, module
-        assert not any(module.startswith(prefix) for prefix in XDIST_GROUPS), module
-    starts = re.compile(r"^\s*(import ray|from ray|.*\b(ray_cluster|start_serve|playwright)\b)",
-                        re.M)
-    for module in FILLER_AFTER:
-        assert not starts.search((root / module).read_text()), module
+        assert xdist_scope(module + "::t") == module and not filler_scope(module), module
