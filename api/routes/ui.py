@@ -10,6 +10,7 @@ scripts and styles come only from /static, so nothing inline ever runs.
 
 from __future__ import annotations
 
+import math
 import mimetypes
 import os
 from dataclasses import asdict
@@ -170,7 +171,10 @@ async def login(request: Request, store: StoreDep, settings: SettingsDep,
         return page(request, "login.html", status=401,
                     error="That token is not valid. Create one with `meshyard token create`.")
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE_NAME, opened[0], max_age=int(settings.session_ttl_s), path="/",
+    # Max-Age is whole seconds: rounded up, so a TTL under a second is not a cookie that the
+    # browser drops at once (Max-Age=0) and the cookie never ends before its session does.
+    response.set_cookie(COOKIE_NAME, opened[0], max_age=math.ceil(settings.session_ttl_s),
+                        path="/",
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return secure(response)
 

@@ -89,14 +89,22 @@ def app_env(tmp_path: Path, request: pytest.FixtureRequest
 
 @pytest.mark.parametrize("app_env", [{"session_ttl_s": 1.0}], indirect=True)
 def test_sessions_expire(app_env) -> None:
-    """A session serves its pages until its TTL has passed and not after. Both sides are
-    read against the clock, not assumed: on a loaded machine more than the TTL can pass
-    between the login and the next request, and then that try says nothing either way."""
+    """The server serves a session's pages until its TTL has passed and not after. The
+    cookie goes with every request as it was set (a client's jar keeps Max-Age in whole
+    seconds from the last whole second, so it may drop the cookie before the server's TTL;
+    this reads the server). Both sides are read against the clock: on a loaded machine more
+    than the TTL can pass between the login and the next request, and that try says
+    nothing either way."""
     client, token = app_env
     for _ in range(5):
         before = time.monotonic()
-        client.post("/login", content=f"token={token}", headers=FORM, follow_redirects=False)
-        first = client.get("/", follow_redirects=False)
+        login = client.post("/login", content=f"token={token}", headers=FORM,
+                            follow_redirects=False)
+        assert login.status_code == 303, login.text
+        assert "max-age=1;" in login.headers["set-cookie"].lower()
+        sent = {"cookie": f"{COOKIE_NAME}={login.cookies[COOKIE_NAME]}"}
+        client.cookies.clear()
+        first = client.get("/", headers=sent, follow_redirects=False)
         if first.status_code == 200:
             break
         # refused: only right if the whole TTL had passed since the login was sent
@@ -104,11 +112,20 @@ def test_sessions_expire(app_env) -> None:
     else:
         pytest.fail("five logins in a row took longer than the 1 s TTL to be read back")
     deadline = time.monotonic() + 10
-    while (page := client.get("/", follow_redirects=False)).status_code == 200:
+    while (page := client.get("/", headers=sent, follow_redirects=False)).status_code == 200:
         assert time.monotonic() < deadline, "the session never expired"
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert time.monotonic() - before >= 1.0, "the session expired before its TTL"
     assert page.status_code == 303 and page.headers["location"] == "/login"
+
+
+@pytest.mark.parametrize("app_env", [{"session_ttl_s": 0.5}], indirect=True)
+def test_a_ttl_under_a_second_is_a_cookie_of_one_second(app_env) -> None:
+    """Max-Age=0 would tell the browser to drop the cookie at once."""
+    client, token = app_env
+    login = client.post("/login", content=f"token={token}", headers=FORM,
+                        follow_redirects=False)
+    assert "max-age=1;" in login.headers["set-cookie"].lower()
 
 
 @pytest.mark.parametrize("app_env", [{"trusted_proxies": ["10.9.9.9"]}], indirect=True)
