@@ -45,7 +45,12 @@ def keys(storage: ObjectStorage, job_id: str) -> list[str]:
 class Gate:
     """A TCP forwarder in front of a server, to take it off the network and back: `close()`
     refuses new connections and cuts the open ones (a store that went down), `open()` listens
-    on the same port again. `endpoint` is what clients are given."""
+    on the same port again, `stop()` gives the port back. `endpoint` is what clients are
+    given. While closed the gate keeps its port bound without listening (a connection is
+    refused, as by a host with nothing on the port): released, the port could be taken by
+    any other socket on the machine, a client's own ephemeral port included (a client that
+    keeps retrying a refused local port can end up connected to itself on it), and `open()`
+    would fail with "Address already in use"."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         import socket
@@ -56,6 +61,7 @@ class Gate:
         self._lock = threading.Lock()
         self._conns: list[Any] = []
         self._listener: Any = None
+        self._held: Any = None  # the port's socket while closed: bound, not listening
         self.port = 0
         self.open()
 
@@ -63,19 +69,33 @@ class Gate:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def open(self) -> None:
+    def _bound(self) -> Any:
         sock = self._socket.socket()
-        sock.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        # SO_REUSEPORT alone: the held socket is bound while the listener still listens (the
+        # port is never free between the two), and a socket bound with SO_REUSEADDR only,
+        # which Linux lets share a port none of its sockets listens on, is refused it
+        sock.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEPORT, 1)
         sock.bind(("127.0.0.1", self.port))
+        return sock
+
+    def open(self) -> None:
+        with self._lock:
+            sock, self._held = self._held, None
+        if sock is None:
+            sock = self._bound()
         sock.listen(64)
         self.port = sock.getsockname()[1]
-        self._listener = sock
+        with self._lock:
+            self._listener = sock
         self._threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
 
     def close(self) -> None:
+        held = self._bound() if self._listener is not None else None
         with self._lock:
             listener, self._listener = self._listener, None
             conns, self._conns = self._conns, []
+            if held is not None:
+                self._held = held
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.shutdown(self._socket.SHUT_RDWR)
@@ -84,6 +104,14 @@ class Gate:
             with contextlib.suppress(OSError):
                 c.shutdown(self._socket.SHUT_RDWR)
             c.close()
+
+    def stop(self) -> None:
+        """Closed for good: the port is given back."""
+        self.close()
+        with self._lock:
+            held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def _accept(self, listener: Any) -> None:
         while True:

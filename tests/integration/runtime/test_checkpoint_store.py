@@ -33,7 +33,7 @@ def gate(s3) -> Iterator[Gate]:
     try:
         yield g
     finally:
-        g.close()
+        g.stop()
 
 
 @pytest.fixture()

@@ -214,7 +214,7 @@ def test_a_store_that_is_down_is_told_apart_from_a_hosts_own_failure(
         gate.open()
         assert restore_step(gated, job_id=JOB, run_dir=str(run), step=2)["files"] == 2
     finally:
-        gate.close()
+        gate.stop()
     # this host's runs dir cannot hold the folder (a file where the runs dir goes)
     (tmp_path / "runs-b").write_text("a file, not a folder")
     with pytest.raises(TransferError, match="Not a directory") as err:
@@ -249,4 +249,29 @@ def test_restore_asks_a_store_that_is_down_again_and_names_it_when_it_stays_down
         threading.Timer(1.5, gate.open).start()
         assert restore(cfg, gated, {}, wait_s=30) == (8, None, False)
     finally:
+        gate.stop()
+
+
+def test_the_gate_refuses_while_closed_and_keeps_its_port(s3) -> None:
+    """The tests above take the store away with a Gate and bring it back on the same port;
+    no other socket may take that port meanwhile (an "Address already in use" on `open()`
+    once made a restore wait out its 30 s)."""
+    import socket
+
+    gate = Gate((s3.host, s3.port))
+    try:
         gate.close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", gate.port), timeout=5).close()
+        other = socket.socket()
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError, match="Address already in use"):
+            other.bind(("127.0.0.1", gate.port))
+        other.close()
+        gate.open()
+        socket.create_connection(("127.0.0.1", gate.port), timeout=5).close()
+    finally:
+        gate.stop()
+    free = socket.socket()
+    free.bind(("127.0.0.1", gate.port))  # given back
+    free.close()
