@@ -138,10 +138,10 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The XDIST_GROUPS groups first (the longest units of work, in the order listed), then
-    the LONG_MODULES, then folders with the longest tests; each folder's modules, and each module's tests, kept
-    together and in order, so a run that fails on a slow module says so early. `make test`
-    hands whole modules, or the groups, to its xdist workers in this order: the longest
-    first, so that no long unit starts late and ends the run alone."""
+    the LONG_MODULES, then folders with the longest tests; each folder's modules, and each
+    module's tests, kept together and in order, so a run that fails on a slow module says
+    so early. `make test` hands whole modules, or the groups, to its xdist workers in this
+    order: the longest first, so that no long unit starts late and ends the run alone."""
     groups = {g: i for i, g in enumerate(dict.fromkeys(XDIST_GROUPS.values()))}
     first: dict[Path, int] = {}
     rank: dict[Path, int] = {}

@@ -174,8 +174,8 @@ async def login(request: Request, store: StoreDep, settings: SettingsDep,
     # Max-Age is whole seconds: rounded up, so a TTL under a second is not a cookie that the
     # browser drops at once (Max-Age=0) and the cookie never ends before its session does.
     response.set_cookie(COOKIE_NAME, opened[0], max_age=math.ceil(settings.session_ttl_s),
-                        path="/",
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+                        path="/", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
     return secure(response)
 
 
